@@ -1,0 +1,292 @@
+"""Pairwise averaging and state sync over the `/murmur/average` and `/murmur/state` protocols.
+
+An exchange is initiator → Offer, responder → Accept | Busy | Refuse, initiator →
+Params, responder → Params, initiator → Commit; both then add the same merge delta
+to their live models. A peer already in an exchange answers Busy at once, so two
+peers that pick each other both move on. Any error, timeout or vanished partner
+before the merge leaves the local model untouched; every failure returns its reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+
+import anyio
+
+from node.merge import WeightingPolicy, merge_delta
+from node.peers import PeerTable
+from node.trainer import Snapshot, Trainer
+from node.transport import ByteStream, Transport, TransportError
+from node.wire import Conversation
+from protocol.codec import decode_state, encode_state
+from protocol.errors import ProtocolError
+from protocol.exchange import AVERAGE, STATE_SYNC, Exchange, Role
+from protocol.messages import Abort, Accept, Busy, Commit, Offer, Params, Refuse, StateReply, StateRequest
+
+AVERAGE_PROTOCOL = "/murmur/average/1.0.0"
+STATE_PROTOCOL = "/murmur/state/1.0.0"
+log = logging.getLogger("murmur.averager")
+
+
+@dataclass(frozen=True)
+class TaskIdentity:
+    """What two peers must share to merge models: the run and the model's fingerprint."""
+
+    run_id: str
+    fingerprint: str
+
+    def mismatch(self, run_id: str, fingerprint: str) -> str | None:
+        """Why a peer with this run and fingerprint cannot pair with us, or None."""
+        if run_id != self.run_id:
+            return f"task mismatch: run id {run_id!r} != {self.run_id!r}"
+        if fingerprint != self.fingerprint:
+            return f"task mismatch: model fingerprint {fingerprint[:12]} != {self.fingerprint[:12]}"
+        return None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one exchange ended: merged, busy, refused, failed (with the reason)."""
+
+    result: str
+    partner: str
+    reason: str
+    duration_s: float = 0.0
+    remote_share: float = 0.0
+    bytes_sent: int = 0
+
+
+class Averager:
+    """Runs this node's side of averaging exchanges and state sync."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        trainer: Trainer,
+        table: PeerTable,
+        policy: WeightingPolicy,
+        identity: TaskIdentity,
+        *,
+        exchange_timeout: float,
+        rng: random.Random,
+    ) -> None:
+        self.transport = transport
+        self.trainer = trainer
+        self.table = table
+        self.policy = policy
+        self.identity = identity
+        self.exchange_timeout = exchange_timeout
+        self.rng = rng
+        self.in_exchange = False
+        self.outcomes: Counter[str] = Counter()
+        self.recent: deque[Outcome] = deque(maxlen=32)
+        self.bytes_sent = 0
+        self._max_params = trainer.spec.encoded_size
+
+    def _record(self, outcome: Outcome) -> Outcome:
+        self.outcomes[outcome.result] += 1
+        self.recent.append(outcome)
+        self.bytes_sent += outcome.bytes_sent
+        level = logging.INFO if outcome.result in ("merged", "refused") else logging.DEBUG
+        log.log(level, "exchange with %s: %s (%s) in %.3fs", outcome.partner[-8:], outcome.result, outcome.reason, outcome.duration_s)
+        return outcome
+
+    async def run(self, period: float, max_attempts: int = 3) -> None:
+        """Every `period` seconds (jittered), try up to `max_attempts` partners until one merges."""
+        while True:
+            await anyio.sleep(period * self.rng.uniform(0.5, 1.5))
+            await self.average_once(max_attempts)
+
+    async def average_once(self, max_attempts: int = 3) -> Outcome:
+        """Try random live partners until one exchange completes or none is left."""
+        tried: set[str] = set()
+        outcome = Outcome("no-partner", "", "no attempt made")
+        for _ in range(max_attempts):
+            entry, reason = self.table.select_partner(self.rng, tried)
+            if entry is None:
+                return Outcome("no-partner", "", reason)
+            tried.add(entry.peer_id)
+            outcome = await self.exchange_with(entry.peer_id, entry.addrs)
+            if outcome.result == "merged":
+                entry.exchanges += 1
+                self.table.observe(entry.peer_id, [], time.monotonic())
+                break
+        return outcome
+
+    async def exchange_with(self, peer_id: str, addrs: list[str]) -> Outcome:
+        """Run one exchange as initiator; return how it ended (never raises, but cancels)."""
+        if self.in_exchange:
+            return Outcome("busy", peer_id, "this node is already in an exchange")
+        self.in_exchange = True
+        start = time.perf_counter()
+        stream: ByteStream | None = None
+        sent = 0
+        try:
+            with anyio.fail_after(self.exchange_timeout):
+                stream = await self.transport.open_stream(peer_id, addrs, AVERAGE_PROTOCOL)
+                conv = Conversation(stream, Exchange(Role.INITIATOR, AVERAGE, max_params_bytes=self._max_params))
+                snapshot = await anyio.to_thread.run_sync(self.trainer.snapshot)
+                await conv.send(Offer(self.identity.run_id, self.identity.fingerprint, snapshot.weight))
+                answer = await conv.receive()
+                if isinstance(answer, (Busy, Refuse)):
+                    result = "busy" if isinstance(answer, Busy) else "refused"
+                    await stream.close()
+                    return self._record(Outcome(result, peer_id, answer.reason, time.perf_counter() - start))
+                assert isinstance(answer, Accept)
+                payload = await anyio.to_thread.run_sync(encode_state, snapshot.state, self.trainer.spec)
+                await conv.send(Params(payload))
+                sent = len(payload)
+                reply = await conv.receive()
+                assert isinstance(reply, Params)
+                remote = await anyio.to_thread.run_sync(decode_state, reply.payload, self.trainer.spec)
+                await conv.send(Commit())
+                await stream.close()
+                decision = self.policy.mix(snapshot.weight, answer.work)
+                await self._apply(snapshot, remote, decision.remote_share, decision.weight_after)
+                return self._record(Outcome("merged", peer_id, decision.reason, time.perf_counter() - start, decision.remote_share, sent))
+        except TimeoutError:
+            reason = f"timed out after {self.exchange_timeout:g}s"
+        except ProtocolError as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+        except TransportError as exc:
+            reason = str(exc)
+        finally:
+            self.in_exchange = False
+        if stream is not None:
+            await stream.reset()
+        return self._record(Outcome("failed", peer_id, reason, time.perf_counter() - start, bytes_sent=sent))
+
+    async def serve_exchange(self, stream: ByteStream) -> None:
+        """Answer one inbound exchange (the `/murmur/average` stream handler)."""
+        peer_id = stream.remote_peer
+        start = time.perf_counter()
+        conv = Conversation(stream, Exchange(Role.RESPONDER, AVERAGE, max_params_bytes=self._max_params))
+        claimed = False
+        sent = 0
+        try:
+            with anyio.fail_after(self.exchange_timeout):
+                offer = await conv.receive()
+                assert isinstance(offer, Offer)
+                mismatch = self.identity.mismatch(offer.run_id, offer.fingerprint)
+                if mismatch:
+                    await conv.send(Refuse(mismatch))
+                    self._record(Outcome("refused", peer_id, mismatch))
+                    await stream.close()
+                    return
+                if self.in_exchange:
+                    await conv.send(Busy("already in an exchange"))
+                    await stream.close()
+                    return
+                self.in_exchange = claimed = True
+                snapshot = await anyio.to_thread.run_sync(self.trainer.snapshot)
+                await conv.send(Accept(snapshot.weight))
+                params = await conv.receive()
+                assert isinstance(params, Params)
+                try:
+                    remote = await anyio.to_thread.run_sync(decode_state, params.payload, self.trainer.spec)
+                except ProtocolError as exc:
+                    await conv.send(Abort(f"{type(exc).__name__}: {exc}"))
+                    raise
+                payload = await anyio.to_thread.run_sync(encode_state, snapshot.state, self.trainer.spec)
+                await conv.send(Params(payload))
+                sent = len(payload)
+                commit = await conv.receive()
+                assert isinstance(commit, Commit)
+                decision = self.policy.mix(snapshot.weight, offer.work)
+                await self._apply(snapshot, remote, decision.remote_share, decision.weight_after)
+                self.table.observe(peer_id, [], time.monotonic())
+                self._record(Outcome("merged", peer_id, decision.reason, time.perf_counter() - start, decision.remote_share, sent))
+                await stream.close()
+                return
+        except TimeoutError:
+            reason = f"timed out after {self.exchange_timeout:g}s"
+        except ProtocolError as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+        except TransportError as exc:
+            reason = str(exc)
+        finally:
+            if claimed:
+                self.in_exchange = False
+        self._record(Outcome("failed", peer_id, reason, time.perf_counter() - start, bytes_sent=sent))
+        await stream.reset()
+
+    async def _apply(self, snapshot: Snapshot, remote: dict, remote_share: float, weight_after: float) -> None:
+        delta = merge_delta(snapshot.state, remote, remote_share)
+        # Shielded: once both sides committed, a cancellation must not leave half a merge.
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self.trainer.apply_merge, delta, snapshot.weight, weight_after)
+
+    async def serve_state(self, stream: ByteStream) -> None:
+        """Answer one state-sync request (the `/murmur/state` stream handler)."""
+        conv = Conversation(stream, Exchange(Role.RESPONDER, STATE_SYNC))
+        try:
+            with anyio.fail_after(self.exchange_timeout):
+                request = await conv.receive()
+                assert isinstance(request, StateRequest)
+                mismatch = self.identity.mismatch(request.run_id, request.fingerprint)
+                if mismatch:
+                    await conv.send(Refuse(mismatch))
+                    log.warning("refused state sync from %s: %s", stream.remote_peer[-8:], mismatch)
+                else:
+                    snapshot = await anyio.to_thread.run_sync(self.trainer.snapshot)
+                    payload = await anyio.to_thread.run_sync(encode_state, snapshot.state, self.trainer.spec)
+                    await conv.send(StateReply(snapshot.weight))
+                    await conv.send(Params(payload))
+                await stream.close()
+                return
+        except (TimeoutError, ProtocolError, TransportError) as exc:
+            log.info("state sync for %s failed: %s", stream.remote_peer[-8:], exc or type(exc).__name__)
+        await stream.reset()
+
+    async def fetch_state(self, peer_id: str, addrs: list[str]) -> tuple[dict, float]:
+        """Download a peer's current model and weight, validated against ours.
+
+        Raises `TransportError`, `ProtocolError` (including `Refuse` as
+        `StateSyncRefused`) or `TimeoutError`; the local model is not touched.
+        """
+        stream = await self.transport.open_stream(peer_id, addrs, STATE_PROTOCOL)
+        conv = Conversation(stream, Exchange(Role.INITIATOR, STATE_SYNC, max_params_bytes=self._max_params))
+        try:
+            with anyio.fail_after(self.exchange_timeout):
+                await conv.send(StateRequest(self.identity.run_id, self.identity.fingerprint))
+                reply = await conv.receive()
+                if isinstance(reply, Refuse):
+                    raise StateSyncRefused(reply.reason)
+                assert isinstance(reply, StateReply)
+                params = await conv.receive()
+                assert isinstance(params, Params)
+                state = await anyio.to_thread.run_sync(decode_state, params.payload, self.trainer.spec)
+                await stream.close()
+                return state, reply.work
+        except BaseException:
+            await stream.reset()
+            raise
+
+    async def sync_from_swarm(self, attempts: int = 3) -> Outcome:
+        """Before the first step: adopt a live peer's model and weight, if any answers."""
+        tried: set[str] = set()
+        outcome = Outcome("no-partner", "", "no known peers")
+        for _ in range(attempts):
+            entry, reason = self.table.select_partner(self.rng, tried)
+            if entry is None:
+                return outcome if tried else Outcome("no-partner", "", reason)
+            tried.add(entry.peer_id)
+            start = time.perf_counter()
+            try:
+                state, weight = await self.fetch_state(entry.peer_id, entry.addrs)
+            except (TimeoutError, ProtocolError, TransportError) as exc:
+                outcome = Outcome("failed", entry.peer_id, f"{type(exc).__name__}: {exc}")
+                continue
+            await anyio.to_thread.run_sync(self.trainer.adopt, state, weight)
+            outcome = Outcome("synced", entry.peer_id, f"adopted a model of weight {weight:.0f}", time.perf_counter() - start)
+            log.info("state sync from %s: %s in %.3fs", entry.peer_id[-8:], outcome.reason, outcome.duration_s)
+            return outcome
+        return outcome
+
+
+class StateSyncRefused(ProtocolError):
+    """The peer refused to share its model (it trains another task)."""

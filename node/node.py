@@ -1,0 +1,176 @@
+"""The Murmur node: one task group that owns the host, membership, averaging and training.
+
+Start-up order: listen (and announce addresses), greet bootstrap peers, pull the
+current model from a live peer (state sync), then train and gossip until cancelled.
+Training never waits on the network: it runs steps on a worker thread while the
+event loop serves peers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import anyio
+import torch
+from libp2p.crypto.keys import KeyPair
+
+from node.averager import AVERAGE_PROTOCOL, STATE_PROTOCOL, Averager, TaskIdentity
+from node.membership import PEERS_PROTOCOL, Membership
+from node.merge import make_policy
+from node.peers import PeerTable
+from node.tasks import load_task
+from node.trainer import Pacing, Trainer, TrainStats, train
+from node.transport import Transport
+
+log = logging.getLogger("murmur.node")
+STATUS_FILE = "status.json"
+METRICS_FILE = "metrics.jsonl"
+
+
+@dataclass
+class NodeConfig:
+    """Everything `murmur run` can set; defaults suit a small local swarm."""
+
+    data_dir: Path
+    task: str = "digits"
+    run_id: str | None = None  # defaults to the task name
+    listen: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
+    bootstrap: list[str] = field(default_factory=list)
+    addr_file: Path | None = None
+    slowdown: float = 1.0
+    step_time_ms: float | None = None
+    weighting: str = "work"
+    average_every: float = 0.25
+    exchange_timeout: float = 10.0
+    gossip_every: float = 1.0
+    liveness_timeout: float = 10.0
+    eval_every: float = 1.0
+    duration: float | None = None  # stop after this many seconds of training
+    shard: int | None = None  # defaults to a number derived from the peer ID
+    sync_state: bool = True
+
+
+def _shard_of(peer_id: str) -> int:
+    return int.from_bytes(peer_id.encode()[-6:], "big") % (2**31)
+
+
+class Node:
+    def __init__(self, config: NodeConfig, transport: Transport) -> None:
+        self.config = config
+        self.transport = transport
+        self.peer_id = transport.peer_id
+        torch.set_num_threads(1)  # one core per peer: many peers share a machine
+        task = load_task(config.task)
+        shard = config.shard if config.shard is not None else _shard_of(self.peer_id)
+        self.trainer = Trainer(task, shard)
+        self.identity = TaskIdentity(config.run_id or task.name, self.trainer.fingerprint)
+        self.rng = random.Random(shard)
+        self.table = PeerTable(self.peer_id, config.liveness_timeout)
+        self.membership = Membership(transport, self.table, self.identity, rng=self.rng)
+        self.averager = Averager(
+            transport, self.trainer, self.table, make_policy(config.weighting), self.identity,
+            exchange_timeout=config.exchange_timeout, rng=self.rng,
+        )
+        self.stats = TrainStats()
+        self.last_eval: dict[str, float] = {}
+        self.started_at = time.time()
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        self._metrics_path = config.data_dir / METRICS_FILE
+        self._metrics_path.unlink(missing_ok=True)
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[list[str]] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run until cancelled or `duration` elapses; `task_status.started` gets the addresses."""
+        cfg = self.config
+        self.transport.set_handler(PEERS_PROTOCOL, self.membership.serve)
+        self.transport.set_handler(AVERAGE_PROTOCOL, self.averager.serve_exchange)
+        self.transport.set_handler(STATE_PROTOCOL, self.averager.serve_state)
+        async with self.transport.run(cfg.listen):
+            addrs = self.transport.addresses()
+            for addr in addrs:
+                print(f"murmur: listening on {addr}", flush=True)
+            if cfg.addr_file:
+                _write_atomic(cfg.addr_file, "".join(a + "\n" for a in addrs))
+            task_status.started(addrs)
+            try:
+                await self._serve(cfg)
+            finally:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(3):
+                    await self.membership.announce_leaving()
+                self.write_status()
+
+    async def _serve(self, cfg: NodeConfig) -> None:
+        if cfg.bootstrap:
+            joined = await self.membership.join(cfg.bootstrap)
+            log.info("joined through %d of %d bootstrap peers", joined, len(cfg.bootstrap))
+            if cfg.sync_state and self.trainer.weight == 0:
+                outcome = await self.averager.sync_from_swarm()
+                if outcome.result != "synced":
+                    log.info("no state sync (%s): starting from the initial model", outcome.reason)
+        self.started_at = time.time()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.membership.run, cfg.bootstrap, cfg.gossip_every)
+            tg.start_soon(self.averager.run, cfg.average_every)
+            tg.start_soon(self._report_status)
+            with anyio.move_on_after(cfg.duration if cfg.duration is not None else float("inf")):
+                await train(self.trainer, Pacing(cfg.slowdown, cfg.step_time_ms), self.stats, eval_every=cfg.eval_every, on_eval=self._on_eval)
+            tg.cancel_scope.cancel()
+
+    def _on_eval(self, metrics: dict[str, float]) -> None:
+        self.last_eval = metrics
+        record = {"t": time.time(), "samples": self.trainer.samples, "weight": self.trainer.weight, **metrics,
+                  "exchanges": self.averager.outcomes["merged"]}
+        with self._metrics_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    async def _report_status(self, interval: float = 1.0) -> None:
+        while True:
+            self.write_status()
+            await anyio.sleep(interval)
+
+    def status(self) -> dict:
+        now = time.monotonic()
+        elapsed = max(1e-9, now - self.stats.started) if self.stats.started else 0.0
+        merged = [o for o in self.averager.recent if o.result == "merged"]
+        return {
+            "peer_id": self.peer_id,
+            "addrs": self.transport.addresses(),
+            "task": self.trainer.task.name,
+            "t": time.time(),
+            "uptime_s": elapsed,
+            "samples": self.trainer.samples,
+            "samples_per_s": self.trainer.samples / elapsed if elapsed else 0.0,
+            "weight": self.trainer.weight,
+            "loss": self.trainer.last_loss,
+            "eval": self.last_eval,
+            "exchanges": dict(self.averager.outcomes),
+            "recent_exchanges": [asdict(o) for o in list(self.averager.recent)[-8:]],
+            "mean_exchange_s": sum(o.duration_s for o in merged) / len(merged) if merged else None,
+            "bytes_sent": self.averager.bytes_sent,
+            "known_peers": len(self.table.members),
+            "compute_fraction": self.stats.compute_fraction(now) if self.stats.started else 0.0,
+            "eval_fraction": self.stats.eval_s / elapsed if elapsed else 0.0,
+        }
+
+    def write_status(self) -> None:
+        _write_atomic(self.config.data_dir / STATUS_FILE, json.dumps(self.status(), indent=1))
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+async def run_node(config: NodeConfig, key_pair: KeyPair) -> Node:
+    """Build a libp2p node for `config` and run it until cancelled or its duration ends."""
+    from node.transport import Libp2pTransport
+
+    node = Node(config, Libp2pTransport(key_pair))
+    await node.run()
+    return node

@@ -1,0 +1,108 @@
+"""The membership table: which live peers of our task we know, as pure state.
+
+Only peers we have heard from directly (a hello or an exchange) are members;
+peers rumoured by others are candidates until we reach them ourselves, so a dead peer
+that others still list cannot come back. Every method takes `now`; nothing here
+sleeps or does I/O.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from protocol.messages import MAX_PEERS_PER_HELLO, PeerRecord
+
+MAX_CANDIDATES = 256
+
+
+@dataclass
+class PeerEntry:
+    peer_id: str
+    addrs: list[str]
+    last_seen: float
+    exchanges: int = 0
+
+
+@dataclass
+class _Backoff:
+    retry_at: float
+    delay: float
+
+
+@dataclass
+class PeerTable:
+    """Members (verified live), candidates (rumoured) and dial backoff, by peer ID."""
+
+    self_id: str
+    liveness_timeout: float
+    members: dict[str, PeerEntry] = field(default_factory=dict)
+    candidates: dict[str, list[str]] = field(default_factory=dict)
+    _backoff: dict[str, _Backoff] = field(default_factory=dict)
+
+    def observe(self, peer_id: str, addrs: list[str], now: float) -> bool:
+        """Record direct contact with `peer_id`; return True if it is a new member."""
+        if peer_id == self.self_id:
+            return False
+        self.candidates.pop(peer_id, None)
+        self._backoff.pop(peer_id, None)
+        entry = self.members.get(peer_id)
+        if entry is None:
+            self.members[peer_id] = PeerEntry(peer_id, list(addrs), now)
+            return True
+        entry.last_seen = now
+        if addrs:
+            entry.addrs = list(addrs)
+        return False
+
+    def rumour(self, records: list[PeerRecord]) -> None:
+        """Note peers another peer knows; they become candidates to contact."""
+        for record in records:
+            if record.peer_id == self.self_id or record.peer_id in self.members or not record.addrs:
+                continue
+            if len(self.candidates) < MAX_CANDIDATES:
+                self.candidates[record.peer_id] = list(record.addrs)
+
+    def dial_failed(self, peer_id: str, now: float, base_delay: float = 1.0, max_delay: float = 60.0) -> None:
+        """Back off from `peer_id`: each consecutive failure doubles the wait."""
+        self.candidates.pop(peer_id, None)
+        previous = self._backoff.get(peer_id)
+        delay = min(max_delay, previous.delay * 2) if previous else base_delay
+        self._backoff[peer_id] = _Backoff(now + delay, delay)
+
+    def may_dial(self, peer_id: str, now: float) -> bool:
+        backoff = self._backoff.get(peer_id)
+        return backoff is None or now >= backoff.retry_at
+
+    def forget(self, peer_id: str) -> None:
+        self.members.pop(peer_id, None)
+        self.candidates.pop(peer_id, None)
+
+    def expire(self, now: float) -> list[str]:
+        """Drop members not heard from within the liveness timeout; return their IDs."""
+        dead = [p for p, e in self.members.items() if now - e.last_seen > self.liveness_timeout]
+        for peer_id in dead:
+            del self.members[peer_id]
+        return dead
+
+    def to_contact(self, now: float, limit: int) -> list[tuple[str, list[str]]]:
+        """Whom to greet this round: dialable candidates first, then the stalest members."""
+        picks = [(p, a) for p, a in self.candidates.items() if self.may_dial(p, now)][:limit]
+        stale = sorted(self.members.values(), key=lambda e: e.last_seen)
+        picks += [(e.peer_id, e.addrs) for e in stale[: max(0, limit - len(picks))]]
+        return picks
+
+    def select_partner(self, rng: random.Random, exclude: set[str]) -> tuple[PeerEntry | None, str]:
+        """Pick a uniformly random member not in `exclude`, and say why (or why none)."""
+        choices = [e for p, e in self.members.items() if p not in exclude]
+        if not choices:
+            reason = "no known peers" if not self.members else "every known peer was tried this round"
+            return None, reason
+        entry = rng.choice(choices)
+        return entry, f"random pick among {len(choices)} live peers"
+
+    def records(self, rng: random.Random) -> list[PeerRecord]:
+        """A random sample of members to share in a hello."""
+        entries = list(self.members.values())
+        sample = rng.sample(entries, min(len(entries), MAX_PEERS_PER_HELLO))
+        return [PeerRecord(e.peer_id, e.addrs[:16]) for e in sample]

@@ -1,0 +1,177 @@
+"""The sans-IO conversation state machine shared by Murmur's stream protocols.
+
+An `Exchange` knows no sockets and no clock: feed it bytes with `receive_data`, pull
+messages with `next_event` (a message, or `NEED_DATA`), and turn messages into bytes
+with `send`. One transition table per protocol (`Flow`) says which message each side
+may send or receive in each state; anything else raises `LocalProtocolError` (our
+bug) or `ProtocolViolation` (the peer's), naming the message, role and state. Frame
+sizes are checked from the header, before the body is buffered.
+
+    ex = Exchange(Role.RESPONDER, AVERAGE)
+    ex.receive_data(frame[:5]); assert ex.next_event() is NEED_DATA
+    ex.receive_data(frame[5:]); assert isinstance(ex.next_event(), Offer)
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Final
+
+from protocol.errors import FrameTooLarge, LocalProtocolError, PeerClosed, ProtocolViolation
+from protocol.messages import (
+    FRAME_HEADER,
+    MAX_CONTROL_BYTES,
+    Abort,
+    Accept,
+    Busy,
+    Commit,
+    Hello,
+    Message,
+    Offer,
+    Params,
+    Refuse,
+    StateReply,
+    StateRequest,
+    decode_body,
+    encode_frame,
+)
+
+
+class Role(enum.Enum):
+    INITIATOR = "initiator"
+    RESPONDER = "responder"
+
+
+class _NeedData:
+    def __repr__(self) -> str:
+        return "NEED_DATA"
+
+
+NEED_DATA: Final = _NeedData()
+START: Final = "start"
+DONE: Final = "done"
+CLOSED: Final = "closed"  # ended early: refused, busy or aborted
+_TERMINAL = {DONE, CLOSED}
+
+# (state, sender role, message type) -> next state
+Table = dict[tuple[str, Role, type[Message]], str]
+I, R = Role.INITIATOR, Role.RESPONDER
+
+
+@dataclass(frozen=True)
+class Flow:
+    """A protocol's transition table, keyed by (state, sender, message type)."""
+
+    name: str
+    table: Table
+
+
+AVERAGE = Flow(
+    "average",
+    {
+        (START, I, Offer): "offered",
+        ("offered", R, Accept): "accepted",
+        ("offered", R, Busy): CLOSED,
+        ("offered", R, Refuse): CLOSED,
+        ("accepted", I, Params): "initiator_sent",
+        ("initiator_sent", R, Params): "responder_sent",
+        ("responder_sent", I, Commit): DONE,
+    },
+)
+
+PEER_EXCHANGE = Flow(
+    "peer-exchange",
+    {
+        (START, I, Hello): "greeted",
+        ("greeted", R, Hello): DONE,
+        ("greeted", R, Refuse): CLOSED,
+    },
+)
+
+STATE_SYNC = Flow(
+    "state-sync",
+    {
+        (START, I, StateRequest): "requested",
+        ("requested", R, StateReply): "replied",
+        ("requested", R, Refuse): CLOSED,
+        ("replied", R, Params): DONE,
+    },
+)
+
+
+class Exchange:
+    """One side of one conversation of `flow`, as a pure state machine.
+
+    `max_params_bytes` caps `Params` frames (set it to the local model's encoded
+    size); every other frame is capped at `MAX_CONTROL_BYTES`. Either side may send
+    `Abort` in any non-terminal state.
+    """
+
+    def __init__(self, role: Role, flow: Flow, *, max_params_bytes: int = 0) -> None:
+        self.role = role
+        self.flow = flow
+        self.state: str = START
+        self._max_params_bytes = max_params_bytes
+        self._buffer = bytearray()
+        self._eof = False
+
+    @property
+    def finished(self) -> bool:
+        return self.state in _TERMINAL
+
+    def send(self, message: Message) -> bytes:
+        """Advance the state for our `message` and return its frame.
+
+        Raises `LocalProtocolError` if this role may not send it now.
+        """
+        self.state = self._transition(message, self.role, LocalProtocolError)
+        return encode_frame(message)
+
+    def receive_data(self, data: bytes) -> None:
+        """Buffer bytes from the peer; `b""` means the peer closed its side."""
+        if data:
+            self._buffer += data
+        else:
+            self._eof = True
+
+    def next_event(self) -> Message | _NeedData:
+        """Return the next complete message from the peer, or `NEED_DATA`.
+
+        Raises `FrameTooLarge` as soon as a header announces an oversized frame,
+        `MalformedMessage` for an undecodable body, `ProtocolViolation` for a message
+        not allowed now, and `PeerClosed` if the peer closed mid-conversation.
+        """
+        if len(self._buffer) < FRAME_HEADER.size:
+            return self._need_data()
+        length, type_code = FRAME_HEADER.unpack_from(self._buffer)
+        limit = self._max_params_bytes if type_code == Params.TYPE else MAX_CONTROL_BYTES
+        if length > limit:
+            raise FrameTooLarge(f"{self.flow.name}: frame of type {type_code} announces {length} bytes, limit {limit}")
+        end = FRAME_HEADER.size + length
+        if len(self._buffer) < end:
+            return self._need_data()
+        body = bytes(self._buffer[FRAME_HEADER.size : end])
+        del self._buffer[:end]
+        message = decode_body(type_code, body)
+        self.state = self._transition(message, _peer_of(self.role), ProtocolViolation)
+        return message
+
+    def _need_data(self) -> _NeedData:
+        if self._eof:
+            raise PeerClosed(f"{self.flow.name}: peer closed the stream in state {self.state!r}")
+        return NEED_DATA
+
+    def _transition(self, message: Message, sender: Role, error: type[Exception]) -> str:
+        if self.state in _TERMINAL:
+            raise error(f"{self.flow.name}: {type(message).__name__} from {sender.value} after the conversation ended ({self.state})")
+        if isinstance(message, Abort):
+            return CLOSED
+        next_state = self.flow.table.get((self.state, sender, type(message)))
+        if next_state is None:
+            raise error(f"{self.flow.name}: {type(message).__name__} from {sender.value} not allowed in state {self.state!r}")
+        return next_state
+
+
+def _peer_of(role: Role) -> Role:
+    return Role.RESPONDER if role is Role.INITIATOR else Role.INITIATOR

@@ -1,0 +1,231 @@
+"""Protocol messages: frozen dataclasses that validate on creation, and their frames.
+
+A frame is `length:u32be | type:u8 | body`, where `length` counts the body only.
+Control messages carry a UTF-8 JSON object body; `Params` carries the tensor codec's
+bytes (see `protocol.codec`). Decoding checks every field's type and bound and raises
+`MalformedMessage` naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import struct
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from protocol.errors import MalformedMessage
+
+FRAME_HEADER = struct.Struct("!IB")
+MAX_CONTROL_BYTES = 64 * 1024
+MAX_TEXT = 512
+MAX_ADDRS = 16
+MAX_PEERS_PER_HELLO = 64
+MAX_WORK = 1e15
+
+
+def _check_text(name: str, value: Any, limit: int = MAX_TEXT) -> None:
+    if not isinstance(value, str) or len(value) > limit:
+        raise MalformedMessage(f"field {name!r} must be a string of at most {limit} characters")
+
+
+def _check_work(name: str, value: Any) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or not 0 <= value <= MAX_WORK:
+        raise MalformedMessage(f"field {name!r} must be a finite number in [0, {MAX_WORK:g}], got {value!r}")
+
+
+def _check_addrs(name: str, value: Any) -> None:
+    if not isinstance(value, list) or len(value) > MAX_ADDRS:
+        raise MalformedMessage(f"field {name!r} must be a list of at most {MAX_ADDRS} addresses")
+    for addr in value:
+        _check_text(name, addr, 256)
+
+
+@dataclass(frozen=True)
+class Message:
+    TYPE: ClassVar[int]
+
+    def body(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def from_body(cls, body: bytes) -> Message:
+        try:
+            fields = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise MalformedMessage(f"{cls.__name__}: body is not UTF-8 JSON ({exc})") from None
+        expected = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(fields, dict) or set(fields) != expected:
+            got = sorted(fields) if isinstance(fields, dict) else type(fields).__name__
+            raise MalformedMessage(f"{cls.__name__}: expected fields {sorted(expected)}, got {got}")
+        try:
+            return cls(**fields)
+        except TypeError as exc:  # a nested field of the wrong shape
+            raise MalformedMessage(f"{cls.__name__}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class PeerRecord:
+    """A peer's ID and dialable addresses, as shared by peer exchange."""
+
+    peer_id: str
+    addrs: list[str]
+
+    def __post_init__(self) -> None:
+        _check_text("peer_id", self.peer_id, 128)
+        _check_addrs("addrs", self.addrs)
+
+
+@dataclass(frozen=True)
+class Hello(Message):
+    """Peer exchange: who I am, which task I train, which peers I know."""
+
+    TYPE: ClassVar[int] = 1
+    run_id: str
+    fingerprint: str
+    addrs: list[str]
+    peers: list[PeerRecord]
+    leaving: bool = False
+
+    def __post_init__(self) -> None:
+        _check_text("run_id", self.run_id, 128)
+        _check_text("fingerprint", self.fingerprint, 128)
+        _check_addrs("addrs", self.addrs)
+        if not isinstance(self.peers, list) or len(self.peers) > MAX_PEERS_PER_HELLO:
+            raise MalformedMessage(f"field 'peers' must be a list of at most {MAX_PEERS_PER_HELLO} records")
+        # JSON decoding yields dicts; normalise them into records (validated there).
+        records = [p if isinstance(p, PeerRecord) else PeerRecord(**p) if isinstance(p, dict) else None for p in self.peers]
+        if any(r is None for r in records):
+            raise MalformedMessage("field 'peers' must hold {peer_id, addrs} objects")
+        object.__setattr__(self, "peers", records)
+        if not isinstance(self.leaving, bool):
+            raise MalformedMessage("field 'leaving' must be a boolean")
+
+
+@dataclass(frozen=True)
+class Refuse(Message):
+    """The responder will not take part, for a stated reason (e.g. task mismatch)."""
+
+    TYPE: ClassVar[int] = 2
+    reason: str
+
+    def __post_init__(self) -> None:
+        _check_text("reason", self.reason)
+
+
+@dataclass(frozen=True)
+class Offer(Message):
+    """Averaging: the initiator proposes an exchange and states its work weight."""
+
+    TYPE: ClassVar[int] = 3
+    run_id: str
+    fingerprint: str
+    work: float
+
+    def __post_init__(self) -> None:
+        _check_text("run_id", self.run_id, 128)
+        _check_text("fingerprint", self.fingerprint, 128)
+        _check_work("work", self.work)
+
+
+@dataclass(frozen=True)
+class Accept(Message):
+    """Averaging: the responder agrees and states its own work weight."""
+
+    TYPE: ClassVar[int] = 4
+    work: float
+
+    def __post_init__(self) -> None:
+        _check_work("work", self.work)
+
+
+@dataclass(frozen=True)
+class Busy(Message):
+    """Averaging: the responder is already in an exchange; try someone else."""
+
+    TYPE: ClassVar[int] = 5
+    reason: str
+
+    def __post_init__(self) -> None:
+        _check_text("reason", self.reason)
+
+
+@dataclass(frozen=True)
+class Params(Message):
+    """Model parameters in the tensor codec's format (validated by the receiver)."""
+
+    TYPE: ClassVar[int] = 6
+    payload: bytes
+
+    def body(self) -> bytes:
+        return self.payload
+
+    @classmethod
+    def from_body(cls, body: bytes) -> Params:
+        return cls(payload=bytes(body))
+
+    def __repr__(self) -> str:
+        return f"Params({len(self.payload)} bytes)"
+
+
+@dataclass(frozen=True)
+class Commit(Message):
+    """Averaging: the initiator has both models; both sides apply the merge."""
+
+    TYPE: ClassVar[int] = 7
+
+
+@dataclass(frozen=True)
+class Abort(Message):
+    """Either side gives up; nothing is applied."""
+
+    TYPE: ClassVar[int] = 8
+    reason: str
+
+    def __post_init__(self) -> None:
+        _check_text("reason", self.reason)
+
+
+@dataclass(frozen=True)
+class StateRequest(Message):
+    """State sync: a newcomer asks for the current model of the given task."""
+
+    TYPE: ClassVar[int] = 9
+    run_id: str
+    fingerprint: str
+
+    def __post_init__(self) -> None:
+        _check_text("run_id", self.run_id, 128)
+        _check_text("fingerprint", self.fingerprint, 128)
+
+
+@dataclass(frozen=True)
+class StateReply(Message):
+    """State sync: the work weight of the parameters that follow in a `Params`."""
+
+    TYPE: ClassVar[int] = 10
+    work: float
+
+    def __post_init__(self) -> None:
+        _check_work("work", self.work)
+
+
+MESSAGE_TYPES: dict[int, type[Message]] = {
+    cls.TYPE: cls for cls in (Hello, Refuse, Offer, Accept, Busy, Params, Commit, Abort, StateRequest, StateReply)
+}
+
+
+def encode_frame(message: Message) -> bytes:
+    """Return `message` as one frame."""
+    body = message.body()
+    return FRAME_HEADER.pack(len(body), message.TYPE) + body
+
+
+def decode_body(type_code: int, body: bytes) -> Message:
+    """Decode one frame body of type `type_code`; raises `MalformedMessage`."""
+    cls = MESSAGE_TYPES.get(type_code)
+    if cls is None:
+        raise MalformedMessage(f"unknown message type {type_code}")
+    return cls.from_body(body)

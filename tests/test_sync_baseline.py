@@ -1,0 +1,150 @@
+"""Tests for scripts/sync_baseline.py: the synchronous all-reduce baseline.
+
+The end-to-end tests spawn real gloo ranks (2 processes, ~3 s of training each).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import sync_baseline as sb  # noqa: E402
+from node.tasks import DigitsTask  # noqa: E402
+
+SLOWDOWNS = [1.0, 2.0]
+DURATION = 3.0
+STEP_MS = 10.0
+
+
+class FailingTask(DigitsTask):
+    """Digits, except that shard 1 (rank 1) raises after a few batches."""
+
+    def train_batches(self, shard: int) -> Iterator[Any]:
+        for i, batch in enumerate(super().train_batches(shard)):
+            if shard == 1 and i == 5:
+                raise RuntimeError("boom from the failing task")
+            yield batch
+
+
+# ------------------------------------------------------------------- pure helpers
+
+
+def test_batch_sizes() -> None:
+    assert sb.batch_sizes(32, [1, 2], "equal") == [32, 32]
+    # 32 * 2 * (1 / 1.5) = 42.67 -> 43 ; 32 * 2 * (0.5 / 1.5) = 21.33 -> 21
+    assert sb.batch_sizes(32, [1, 2], "proportional") == [43, 21]
+    # speeds 1, 1, 0.5, 0.25 (sum 2.75): 128 * speed / 2.75
+    assert sb.batch_sizes(32, [1, 1, 2, 4], "proportional") == [47, 47, 23, 12]
+    assert sb.batch_sizes(1, [1, 100], "proportional") == [2, 1]  # never below 1
+    with pytest.raises(ValueError):
+        sb.batch_sizes(32, [1], "bogus")
+
+
+def test_emulated_sleep() -> None:
+    assert sb.emulated_sleep(2.0, None, 32, 0.01) == pytest.approx(0.01)
+    assert sb.emulated_sleep(1.0, None, 32, 0.01) == 0.0
+    # 2 * 20 ms * 64 / 32 = 80 ms per step, 5 ms of it was real compute
+    assert sb.emulated_sleep(2.0, 20.0, 64, 0.005) == pytest.approx(0.075)
+    assert sb.emulated_sleep(1.0, 1.0, 32, 0.5) == 0.0  # compute already slower than the target
+
+
+def test_resized_batches_keeps_row_order() -> None:
+    def stream() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        start = 0
+        while True:
+            yield torch.arange(start, start + 4).float().unsqueeze(1), torch.arange(start, start + 4)
+            start += 4
+
+    got = sb.resized_batches(stream(), 6)
+    for k in range(3):
+        x, y = next(got)
+        assert x.shape == (6, 1)
+        assert y.tolist() == list(range(6 * k, 6 * k + 6))
+
+
+# ---------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str, dict[str, Any]]:
+    return {
+        "equal": sb.run_sync("digits", SLOWDOWNS, "equal", DURATION, STEP_MS, None),
+        # a reachable target: the run stops early, together
+        "proportional": sb.run_sync("digits", SLOWDOWNS, "proportional", DURATION, STEP_MS, 0.8, seed=1),
+    }
+
+
+def _grad_bytes() -> int:
+    return sum(p.numel() * p.element_size() for p in DigitsTask().build_model().parameters())
+
+
+@pytest.mark.parametrize("mode", ["equal", "proportional"])
+def test_structure_and_accounting(runs: dict[str, dict[str, Any]], mode: str) -> None:
+    r = runs[mode]
+    json.dumps(r)  # JSON-serialisable
+    assert r["method"] == f"sync-{mode}"
+    assert r["task"] == "digits" and r["metric"] == "accuracy"
+    assert r["slowdowns"] == SLOWDOWNS
+    for key in ("curve", "time_to_target", "samples_per_s", "peers", "wall_s", "startup_s"):
+        assert key in r
+    assert r["startup_s"] > 0
+
+    expected = {"equal": [32, 32], "proportional": [43, 21]}[mode]
+    assert [p["batch"] for p in r["peers"]] == expected
+    steps = r["steps"]
+    assert steps > 0
+    for p, batch in zip(r["peers"], expected):
+        assert set(p) >= {"rank", "slowdown", "batch", "samples", "compute_s", "idle_fraction", "bytes_sent"}
+        assert p["steps"] == steps  # synchronous: everyone takes every step
+        assert p["samples"] == steps * batch
+        assert 0.0 <= p["idle_fraction"] <= 1.0
+        assert p["bytes_sent"] == int(steps * 2 * (2 - 1) / 2 * _grad_bytes())
+    assert r["samples"] == steps * sum(expected)
+    assert r["samples_per_s"] == pytest.approx(r["samples"] / r["wall_s"])
+
+    curve = r["curve"]
+    assert curve[0]["t"] == 0.0 and curve[0]["samples"] == 0
+    assert [pt["t"] for pt in curve] == sorted(pt["t"] for pt in curve)
+    assert curve[-1]["samples"] == r["samples"]  # the last point is taken at the end
+    assert curve[-1]["t"] <= r["wall_s"] + 1e-6
+    assert all(math.isfinite(pt["accuracy"]) and 0.0 <= pt["accuracy"] <= 1.0 for pt in curve)
+    assert curve[-1]["accuracy"] > curve[0]["accuracy"]  # it learned
+
+
+def test_equal_mode_runs_the_budget_and_the_fast_rank_waits(runs: dict[str, dict[str, Any]]) -> None:
+    r = runs["equal"]
+    assert r["time_to_target"] is None
+    assert DURATION <= r["wall_s"] < DURATION + 1.0
+    fast, slow = r["peers"]
+    assert fast["idle_fraction"] > slow["idle_fraction"]
+    # the fast rank computes ~10 ms and waits ~10 ms for the slow one (20 ms) each step
+    assert fast["idle_fraction"] > 0.3
+
+
+def test_proportional_mode_stops_at_target(runs: dict[str, dict[str, Any]]) -> None:
+    r = runs["proportional"]
+    assert r["time_to_target"] is not None
+    assert r["curve"][-1]["accuracy"] >= 0.8
+    assert r["time_to_target"] == r["curve"][-1]["t"]  # stopped at the first evaluation that met it
+    assert r["wall_s"] < DURATION
+    # batches proportional to speed even out the step: neither rank waits much for the other
+    assert all(p["idle_fraction"] < 0.3 for p in r["peers"])
+
+
+def test_rank_failure_ends_every_rank() -> None:
+    start = time.monotonic()
+    with pytest.raises(sb.RankFailed, match="boom from the failing task"):
+        sb.run_sync(f"{__name__}:FailingTask", SLOWDOWNS, "equal", 30.0, STEP_MS, None, pg_timeout_s=20)
+    assert time.monotonic() - start < 20  # did not wait for the collective timeout
+    assert multiprocessing.active_children() == []

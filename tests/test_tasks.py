@@ -1,0 +1,109 @@
+"""The built-in tasks keep the promises of the `Task` protocol, and `load_task` finds them."""
+
+from __future__ import annotations
+
+import math
+import re
+from itertools import islice
+
+import numpy as np
+import pytest
+import torch
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+
+from node.tasks import CharLMTask, DigitsTask, Task, UnknownTask, load_task
+from node.tasks.digits import _split
+
+
+@pytest.fixture(scope="module", params=["digits", "charlm"])
+def task(request: pytest.FixtureRequest) -> Task:
+    return load_task(request.param)
+
+
+def _train(task: Task, model: torch.nn.Module, steps: int, shard: int = 0) -> list[float]:
+    opt = task.make_optimizer(model)
+    losses = []
+    for batch in islice(task.train_batches(shard), steps):
+        opt.zero_grad()
+        loss = task.loss(model, batch)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_build_model_is_identical_and_leaves_global_rng_alone(task: Task) -> None:
+    before = torch.get_rng_state()
+    a, b = task.build_model().state_dict(), task.build_model().state_dict()
+    assert torch.equal(torch.get_rng_state(), before)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_train_batches_shapes_and_shards(task: Task) -> None:
+    (x0, y0), (x0_again, _) = next(task.train_batches(0)), next(task.train_batches(0))
+    x1, _ = next(task.train_batches(1))
+    assert x0.shape[0] == y0.shape[0] == task.batch_size
+    assert torch.equal(x0, x0_again), "a shard's stream is reproducible"
+    assert not torch.equal(x0, x1), "different shards draw different batches"
+
+
+def test_evaluate_reports_finite_metric_and_restores_mode(task: Task) -> None:
+    model = task.build_model()
+    for training in (True, False):
+        model.train(training)
+        metrics = task.evaluate(model)
+        assert model.training is training
+        assert task.metric.name in metrics
+        assert all(math.isfinite(v) for v in metrics.values())
+
+
+def test_digits_batches_and_split() -> None:
+    x, y = next(DigitsTask().train_batches(0))
+    assert (x.shape, x.dtype, y.shape, y.dtype) == ((32, 64), torch.float32, (32,), torch.int64)
+    assert 0.0 <= x.min() and x.max() <= 1.0
+    # The held-out split is the one outside measurements use.
+    (x_train, y_train), (x_eval, y_eval) = _split()
+    assert (len(y_train), len(y_eval)) == (1437, 360)
+    train_idx, eval_idx = train_test_split(np.arange(1797), test_size=0.2, random_state=0)
+    target = torch.from_numpy(load_digits().target)
+    assert torch.equal(y_eval, target[eval_idx]) and torch.equal(y_train, target[train_idx])
+
+
+def test_digits_learns() -> None:
+    task = DigitsTask()
+    model = task.build_model()
+    assert task.evaluate(model)["accuracy"] < 0.3
+    _train(task, model, steps=100)
+    assert task.evaluate(model)["accuracy"] > 0.8
+
+
+def test_charlm_batches() -> None:
+    x, y = next(CharLMTask().train_batches(3))
+    assert (x.shape, x.dtype, y.shape, y.dtype) == ((64, 32), torch.int64, (64, 32), torch.int64)
+    assert torch.equal(x[:, 1:], y[:, :-1]), "y is x shifted by one byte"
+    assert 0 <= x.min() and x.max() < 256
+
+
+def test_charlm_model_size_and_learns() -> None:
+    task = CharLMTask()
+    model = task.build_model()
+    assert 0.5e6 < sum(p.numel() for p in model.parameters()) < 0.7e6
+    before = task.evaluate(model)
+    assert before["bits_per_byte"] == pytest.approx(before["loss"] / math.log(2))
+    losses = _train(task, model, steps=50)
+    assert np.mean(losses[-10:]) < np.mean(losses[:10]) - 1.0
+    assert task.evaluate(model)["loss"] < before["loss"] - 1.0
+
+
+def test_load_task_by_name_and_path() -> None:
+    assert isinstance(load_task("digits"), DigitsTask)
+    assert isinstance(load_task("charlm"), CharLMTask)
+    assert isinstance(load_task("node.tasks.digits:DigitsTask"), DigitsTask)
+
+
+@pytest.mark.parametrize("spec", ["nope", "node.tasks.digits:Nope", "no_such_module:Task"])
+def test_load_task_unknown_names_the_spec(spec: str) -> None:
+    with pytest.raises(UnknownTask, match=re.escape(repr(spec))):
+        load_task(spec)
