@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--task", default="digits")
     demo.add_argument("--weighting", default="work")
     demo.add_argument("--step-time", type=float, default=20.0, metavar="MS", help="emulated ms per 32 samples at slowdown 1")
+    demo.add_argument("--no-sync", action="store_true", help="skip the synchronous baseline run")
     demo.add_argument("--out", type=Path, default=Path("murmur-demo"), help="folder for peer data, summary and plot")
     ident = sub.add_parser("id", help="print this node's peer ID (creating its key if needed)")
     ident.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)

@@ -34,16 +34,18 @@ class Pacing:
     """Emulated hardware speed.
 
     `slowdown` S: after each step, sleep (S − 1) × its measured compute time.
-    With `step_time_ms` M, instead pad each step to S × M ms per 32 samples.
+    With `step_time_ms` M, instead pad each step to S × M ms of wall time per 32
+    samples (the step's own overheads are absorbed by the padding).
     """
 
     slowdown: float = 1.0
     step_time_ms: float | None = None
 
-    def padding(self, compute_s: float, batch_size: int) -> float:
+    def step_duration(self, compute_s: float, elapsed_s: float, batch_size: int) -> float:
+        """How long this step should occupy the emulated device, in seconds."""
         if self.step_time_ms is None:
-            return (self.slowdown - 1) * compute_s
-        return max(0.0, self.slowdown * self.step_time_ms / 1000 * batch_size / 32 - compute_s)
+            return elapsed_s + (self.slowdown - 1) * compute_s
+        return max(elapsed_s, self.slowdown * self.step_time_ms / 1000 * batch_size / 32)
 
 
 class Trainer:
@@ -139,8 +141,9 @@ async def train(
             on_eval(await anyio.to_thread.run_sync(trainer.evaluate))
             stats.eval_s += time.monotonic() - start
             next_eval += eval_every * max(1, math.ceil((time.monotonic() - next_eval) / eval_every))
+        start = anyio.current_time()  # the event loop's clock, which `sleep_until` uses
         compute = await anyio.to_thread.run_sync(trainer.step)
-        padding = pacing.padding(compute, trainer.task.batch_size)
-        await anyio.sleep(padding)
+        duration = pacing.step_duration(compute, anyio.current_time() - start, trainer.task.batch_size)
+        await anyio.sleep_until(start + duration)
         stats.steps += 1
-        stats.busy_s += compute + padding
+        stats.busy_s += duration

@@ -41,6 +41,7 @@ import argparse
 import itertools
 import json
 import math
+import os
 import queue
 import sys
 import time
@@ -297,9 +298,17 @@ def _worker(rank: int, cfg: _Config, results: Any) -> None:
     """Process entry point: report ("result", rank, dict) or ("error", rank, traceback)."""
     try:
         results.put(("result", rank, _train(rank, cfg)))
+        code = 0
     except BaseException:  # noqa: BLE001 - the parent must hear about every failure
         results.put(("error", rank, traceback.format_exc()))
-        sys.exit(1)
+        code = 1
+    # Flush the report, then skip interpreter teardown: with torch loaded it takes
+    # seconds, and there is nothing left to clean up (the group is destroyed or broken).
+    results.close()
+    results.join_thread()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 # --------------------------------------------------------------------------- parent

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from itertools import islice
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -16,15 +17,24 @@ from node.tasks import CharLMTask, DigitsTask, Task, UnknownTask, load_task
 from node.tasks.digits import _split
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    """Run on one thread, which the tasks are sized for; more threads on shared cores make timing erratic."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module", params=["digits", "charlm"])
 def task(request: pytest.FixtureRequest) -> Task:
     return load_task(request.param)
 
 
-def _train(task: Task, model: torch.nn.Module, steps: int, shard: int = 0) -> list[float]:
+def _train(task: Task, model: torch.nn.Module, steps: int) -> list[float]:
     opt = task.make_optimizer(model)
     losses = []
-    for batch in islice(task.train_batches(shard), steps):
+    for batch in islice(task.train_batches(0), steps):
         opt.zero_grad()
         loss = task.loss(model, batch)
         loss.backward()
@@ -90,11 +100,12 @@ def test_charlm_model_size_and_learns() -> None:
     task = CharLMTask()
     model = task.build_model()
     assert 0.5e6 < sum(p.numel() for p in model.parameters()) < 0.7e6
-    before = task.evaluate(model)
-    assert before["bits_per_byte"] == pytest.approx(before["loss"] / math.log(2))
     losses = _train(task, model, steps=50)
     assert np.mean(losses[-10:]) < np.mean(losses[:10]) - 1.0
-    assert task.evaluate(model)["loss"] < before["loss"] - 1.0
+    after = task.evaluate(model)
+    # An untrained model scores about ln(256), a uniform guess over bytes.
+    assert after["loss"] < math.log(256) - 1.0
+    assert after["bits_per_byte"] == pytest.approx(after["loss"] / math.log(2))
 
 
 def test_load_task_by_name_and_path() -> None:

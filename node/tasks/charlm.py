@@ -29,7 +29,7 @@ EXCLUDED_DIRS = frozenset({"test", "tests", "idlelib", "site-packages"})
 TRAIN_CAP_BYTES = 4 * 2**20
 EVAL_CAP_BYTES = 256 * 2**10
 INIT_SEED = 0
-EVAL_WINDOWS = 16 * 64
+EVAL_WINDOWS = 8 * 64
 
 
 @dataclass(frozen=True)
@@ -198,7 +198,7 @@ class CharLMTask:
         return F.cross_entropy(model(x).flatten(0, 1), y.flatten())
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
-        """Return {"loss", "bits_per_byte"} on 1024 fixed held-out windows.
+        """Return {"loss", "bits_per_byte"} on 512 fixed held-out windows.
 
         Runs in eval mode without gradients and restores the model's previous mode.
         """

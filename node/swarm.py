@@ -1,0 +1,105 @@
+"""Local swarms of `murmur run` OS processes: start, watch, stop by PID.
+
+Used by `murmur demo`, the benchmarks and the swarm tests. Every peer gets its own
+data dir under `root`; the first peer's address (from its `--addr-file`) is every
+other peer's bootstrap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from node.node import METRICS_FILE, STATUS_FILE
+
+
+class SwarmError(RuntimeError):
+    """A peer failed to start or to publish its address in time."""
+
+
+@dataclass
+class Peer:
+    index: int
+    slowdown: float
+    data_dir: Path
+    process: subprocess.Popen
+
+    def status(self) -> dict | None:
+        try:
+            return json.loads((self.data_dir / STATUS_FILE).read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+
+    def metrics(self) -> list[dict]:
+        try:
+            lines = (self.data_dir / METRICS_FILE).read_text().splitlines()
+        except OSError:
+            return []
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+def murmur_command() -> list[str]:
+    return [sys.executable, "-m", "node.cli"]
+
+
+def start_peer(index: int, root: Path, slowdown: float, extra: list[str], bootstrap: str | None) -> Peer:
+    data_dir = root / f"peer-{index}"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / "addrs.txt").unlink(missing_ok=True)
+    args = murmur_command() + [
+        "run", "--data-dir", str(data_dir), "--listen", "/ip4/127.0.0.1/tcp/0",
+        "--addr-file", str(data_dir / "addrs.txt"), "--slowdown", str(slowdown), *extra,
+    ]
+    if bootstrap:
+        args += ["--bootstrap", bootstrap]
+    log = (data_dir / "log.txt").open("w")
+    # A new session: Ctrl-C reaches only the controller, which stops peers by PID.
+    process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return Peer(index, slowdown, data_dir, process)
+
+
+def wait_for_address(peer: Peer, timeout: float = 60.0) -> str:
+    """Return the peer's first listening address once its addr file appears."""
+    deadline = time.monotonic() + timeout
+    path = peer.data_dir / "addrs.txt"
+    while time.monotonic() < deadline:
+        if peer.process.poll() is not None:
+            raise SwarmError(f"peer {peer.index} exited with {peer.process.returncode}; see {peer.data_dir / 'log.txt'}")
+        if path.exists() and path.read_text().strip():
+            return path.read_text().split()[0]
+        time.sleep(0.1)
+    raise SwarmError(f"peer {peer.index} published no address within {timeout:g}s")
+
+
+def start_swarm(root: Path, slowdowns: list[float], extra: list[str]) -> list[Peer]:
+    """Start one peer per slowdown; all bootstrap from the first. Stops all on failure."""
+    first = start_peer(0, root, slowdowns[0], extra, None)
+    peers = [first]
+    try:
+        bootstrap = wait_for_address(first)
+        peers += [start_peer(i, root, s, extra, bootstrap) for i, s in enumerate(slowdowns[1:], start=1)]
+    except BaseException:
+        stop_swarm(peers)
+        raise
+    return peers
+
+
+def stop_swarm(peers: list[Peer], timeout: float = 15.0) -> list[int | None]:
+    """SIGTERM every peer by PID, wait up to `timeout`, SIGKILL stragglers; return exit codes."""
+    for peer in peers:
+        if peer.process.poll() is None:
+            os.kill(peer.process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for peer in peers:
+        try:
+            peer.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            peer.process.kill()
+            peer.process.wait()
+    return [peer.process.returncode for peer in peers]

@@ -1,0 +1,40 @@
+"""The node's host speaks Noise only: plaintext and secio dialers are refused."""
+
+import anyio
+import multiaddr
+import pytest
+from libp2p import new_host
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+from libp2p.security.insecure.transport import PLAINTEXT_PROTOCOL_ID, InsecureTransport
+from libp2p.security.secio.transport import ID as SECIO_ID
+from libp2p.security.secio.transport import Transport as SecioTransport
+
+from node.transport import Libp2pTransport
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.mark.parametrize("scheme", ["plaintext", "secio"])
+async def test_dialer_without_noise_is_refused(scheme: str) -> None:
+    node = Libp2pTransport(create_new_key_pair())
+    key_pair = create_new_key_pair()
+    security = (
+        {PLAINTEXT_PROTOCOL_ID: InsecureTransport(key_pair)} if scheme == "plaintext" else {SECIO_ID: SecioTransport(key_pair)}
+    )
+    dialer = new_host(key_pair=key_pair, sec_opt=security)
+    async with node.run(["/ip4/127.0.0.1/tcp/0"]), dialer.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
+        addr = multiaddr.Multiaddr(node.addresses()[0].split("/p2p/")[0])
+        with anyio.fail_after(20), pytest.raises(Exception):
+            await dialer.connect(PeerInfo(ID.from_base58(node.peer_id), [addr]))
+        assert ID.from_base58(node.peer_id) not in dialer.get_connected_peers()
+        assert not node.host.get_connected_peers()
+
+
+async def test_noise_dialer_connects() -> None:
+    a, b = Libp2pTransport(create_new_key_pair()), Libp2pTransport(create_new_key_pair())
+    async with a.run(["/ip4/127.0.0.1/tcp/0"]), b.run(["/ip4/127.0.0.1/tcp/0"]):
+        with anyio.fail_after(20):
+            await a.host.connect(PeerInfo(ID.from_base58(b.peer_id), [multiaddr.Multiaddr(b.addresses()[0].split("/p2p/")[0])]))
+        assert ID.from_base58(b.peer_id) in a.host.get_connected_peers()
