@@ -140,7 +140,7 @@ async def train(
             start = time.monotonic()
             on_eval(await anyio.to_thread.run_sync(trainer.evaluate))
             stats.eval_s += time.monotonic() - start
-            next_eval += eval_every * max(1, math.ceil((time.monotonic() - next_eval) / eval_every))
+            next_eval = max(next_eval + eval_every, time.monotonic())  # skip grid points we missed
         start = anyio.current_time()  # the event loop's clock, which `sleep_until` uses
         compute = await anyio.to_thread.run_sync(trainer.step)
         duration = pacing.step_duration(compute, anyio.current_time() - start, trainer.task.batch_size)

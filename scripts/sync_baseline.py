@@ -340,7 +340,8 @@ def _collect(procs: list[Any], results: Any, deadline: float) -> dict[int, dict[
                 try:  # its error report may still be in the pipe
                     kind, rank, payload = results.get(timeout=1.0)
                 except queue.Empty:
-                    raise RankFailed(f"{dead[0].name} (pid {dead[0].pid}) exited with code {dead[0].exitcode}") from None
+                    p = dead[0]
+                    raise RankFailed(f"{p.name} (pid {p.pid}) exited with code {p.exitcode}") from None
             elif time.monotonic() > deadline:
                 raise RankFailed(f"timed out waiting for ranks {sorted(set(range(len(procs))) - set(outputs))}")
             else:
@@ -411,7 +412,9 @@ def run_sync(
         time_to_target = next(
             (pt["t"] for pt in curve if _meets(pt[head["metric"]], target, head["higher_is_better"])), None
         )
-    peer_keys = ("rank", "slowdown", "batch", "steps", "samples", "compute_s", "comm_s", "wall_s", "idle_fraction", "bytes_sent")
+    peer_keys = (
+        "rank", "slowdown", "batch", "steps", "samples", "compute_s", "comm_s", "wall_s", "idle_fraction", "bytes_sent",
+    )  # fmt: skip
     peers = [{k: outputs[r][k] for k in peer_keys} for r in range(n)]
     total = sum(p["samples"] for p in peers)
     return {
@@ -446,19 +449,17 @@ def run_sync(
 def summary(result: dict[str, Any]) -> str:
     """Return a short human-readable summary of a `run_sync` result."""
     metric = result["metric"]
-    final = result["curve"][-1][metric]
+    final = f"  final {metric} {result['curve'][-1][metric]:.4f}"
+    if result["target"] is not None:
+        ttt = result["time_to_target"]
+        final += f"; time to {metric} {result['target']}: " + ("not reached" if ttt is None else f"{ttt:.2f} s")
     lines = [
         f"{result['method']} on {result['task']}: {len(result['peers'])} ranks, slowdowns {result['slowdowns']}, "
         f"step_time_ms {result['step_time_ms']}",
-        f"  train {result['wall_s']:.1f} s (startup {result['startup_s']:.1f} s, eval {result['eval_s']:.2f} s excluded), "
+        f"  train {result['wall_s']:.1f} s (excluded: startup {result['startup_s']:.1f} s, "
+        f"eval {result['eval_s']:.2f} s), "
         f"{result['steps']} steps, {result['samples']} samples, {result['samples_per_s']:.0f} samples/s",
-        f"  final {metric} {final:.4f}"
-        + (
-            f"; time to {metric} {result['target']}: "
-            + (f"{result['time_to_target']:.2f} s" if result["time_to_target"] is not None else "not reached")
-            if result["target"] is not None
-            else ""
-        ),
+        final,
         "  rank slowdown batch  samples compute_s  comm_s  idle  MB_sent",
     ]
     for p in result["peers"]:

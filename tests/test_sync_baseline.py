@@ -8,19 +8,14 @@ from __future__ import annotations
 import json
 import math
 import multiprocessing
-import sys
 import time
-from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import sync_baseline as sb  # noqa: E402
-from node.tasks import DigitsTask  # noqa: E402
+from node.tasks import DigitsTask
+from scripts import sync_baseline as sb
 
 SLOWDOWNS = [1.0, 2.0]
 DURATION = 3.0
@@ -77,21 +72,27 @@ def test_resized_batches_keeps_row_order() -> None:
 
 
 @pytest.fixture(scope="module")
-def runs() -> dict[str, dict[str, Any]]:
-    return {
-        "equal": sb.run_sync("digits", SLOWDOWNS, "equal", DURATION, STEP_MS, None),
-        # a reachable target: the run stops early, together
-        "proportional": sb.run_sync("digits", SLOWDOWNS, "proportional", DURATION, STEP_MS, 0.8, seed=1),
-    }
+def equal_run() -> dict[str, Any]:
+    return sb.run_sync("digits", SLOWDOWNS, "equal", DURATION, STEP_MS, None)
+
+
+@pytest.fixture(scope="module")
+def proportional_run() -> dict[str, Any]:
+    # a target reached within the budget: the ranks stop early, together
+    return sb.run_sync("digits", SLOWDOWNS, "proportional", DURATION, STEP_MS, 0.8, seed=1)
+
+
+@pytest.fixture(params=["equal", "proportional"])
+def mode_and_run(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+    return request.param, request.getfixturevalue(f"{request.param}_run")
 
 
 def _grad_bytes() -> int:
     return sum(p.numel() * p.element_size() for p in DigitsTask().build_model().parameters())
 
 
-@pytest.mark.parametrize("mode", ["equal", "proportional"])
-def test_structure_and_accounting(runs: dict[str, dict[str, Any]], mode: str) -> None:
-    r = runs[mode]
+def test_structure_and_accounting(mode_and_run: tuple[str, dict[str, Any]]) -> None:
+    mode, r = mode_and_run
     json.dumps(r)  # JSON-serialisable
     assert r["method"] == f"sync-{mode}"
     assert r["task"] == "digits" and r["metric"] == "accuracy"
@@ -122,8 +123,8 @@ def test_structure_and_accounting(runs: dict[str, dict[str, Any]], mode: str) ->
     assert curve[-1]["accuracy"] > curve[0]["accuracy"]  # it learned
 
 
-def test_equal_mode_runs_the_budget_and_the_fast_rank_waits(runs: dict[str, dict[str, Any]]) -> None:
-    r = runs["equal"]
+def test_equal_mode_runs_the_budget_and_the_fast_rank_waits(equal_run: dict[str, Any]) -> None:
+    r = equal_run
     assert r["time_to_target"] is None
     assert DURATION <= r["wall_s"] < DURATION + 1.0
     fast, slow = r["peers"]
@@ -132,19 +133,22 @@ def test_equal_mode_runs_the_budget_and_the_fast_rank_waits(runs: dict[str, dict
     assert fast["idle_fraction"] > 0.3
 
 
-def test_proportional_mode_stops_at_target(runs: dict[str, dict[str, Any]]) -> None:
-    r = runs["proportional"]
+def test_proportional_mode_stops_at_target(proportional_run: dict[str, Any], equal_run: dict[str, Any]) -> None:
+    r = proportional_run
     assert r["time_to_target"] is not None
     assert r["curve"][-1]["accuracy"] >= 0.8
     assert r["time_to_target"] == r["curve"][-1]["t"]  # stopped at the first evaluation that met it
     assert r["wall_s"] < DURATION
-    # batches proportional to speed even out the step: neither rank waits much for the other
-    assert all(p["idle_fraction"] < 0.3 for p in r["peers"])
+    # batches proportional to speed even out the step (~13 ms each): the fast rank
+    # no longer waits half of every step as it does in equal mode
+    assert max(p["idle_fraction"] for p in r["peers"]) < equal_run["peers"][0]["idle_fraction"]
 
 
 def test_rank_failure_ends_every_rank() -> None:
     start = time.monotonic()
     with pytest.raises(sb.RankFailed, match="boom from the failing task"):
-        sb.run_sync(f"{__name__}:FailingTask", SLOWDOWNS, "equal", 30.0, STEP_MS, None, pg_timeout_s=20)
-    assert time.monotonic() - start < 20  # did not wait for the collective timeout
+        sb.run_sync(f"{__name__}:FailingTask", SLOWDOWNS, "equal", 60.0, STEP_MS, None, pg_timeout_s=120)
+    # rank 0, blocked in an all-reduce, was ended at once: no wait for the collective
+    # timeout or the 60 s budget (the slack is for start-up on a busy machine)
+    assert time.monotonic() - start < 40
     assert multiprocessing.active_children() == []

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Create ./.venv with the CPU build of PyTorch and Murmur installed (idempotent).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+if ! .venv/bin/python -c "import node, torch, libp2p, pytest, hypothesis" 2>/dev/null; then
+    # Pin torch first: an unpinned torch would pull a multi-GB CUDA build.
+    .venv/bin/pip install --quiet torch==2.13.0
+    .venv/bin/pip install --quiet -e '.[test]'
+fi

@@ -1,0 +1,350 @@
+"""The sans-IO `Exchange`: two state machines talk purely in bytes, and every rule break is typed and named."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protocol.errors import (
+    FrameTooLarge,
+    LocalProtocolError,
+    MalformedMessage,
+    PeerClosed,
+    ProtocolViolation,
+    RemoteProtocolError,
+)
+from protocol.exchange import (
+    AVERAGE,
+    CLOSED,
+    DONE,
+    NEED_DATA,
+    PEER_EXCHANGE,
+    START,
+    STATE_SYNC,
+    Exchange,
+    Flow,
+    Role,
+)
+from protocol.messages import (
+    FRAME_HEADER,
+    MAX_CONTROL_BYTES,
+    Abort,
+    Accept,
+    Busy,
+    Commit,
+    Hello,
+    Message,
+    Offer,
+    Params,
+    PeerRecord,
+    Refuse,
+    StateReply,
+    StateRequest,
+    encode_frame,
+)
+
+I, R = Role.INITIATOR, Role.RESPONDER
+MAX_PARAMS = 64
+OFFER = Offer("run", "fp", 10.0)
+AVERAGE_SCRIPT: list[tuple[Role, Message]] = [
+    (I, OFFER),
+    (R, Accept(5.0)),
+    (I, Params(b"i" * 40)),
+    (R, Params(b"r" * 40)),
+    (I, Commit()),
+]
+AVERAGE_STATES = [START, "offered", "accepted", "initiator_sent", "responder_sent", DONE]
+HELLO = Hello("run", "fp", ["/ip4/1.2.3.4/tcp/1"], [PeerRecord("p", ["/ip4/5.6.7.8/tcp/2"])])
+PEER_EXCHANGE_SCRIPT = [(I, HELLO), (R, Hello("run", "fp", [], []))]
+STATE_SYNC_SCRIPT = [(I, StateRequest("run", "fp")), (R, StateReply(3.0)), (R, Params(b"state"))]
+
+
+def _pair(flow: Flow) -> dict[Role, Exchange]:
+    return {role: Exchange(role, flow, max_params_bytes=MAX_PARAMS) for role in Role}
+
+
+def _other(role: Role) -> Role:
+    return R if role is I else I
+
+
+def _deliver(sides: dict[Role, Exchange], sender: Role, message: Message) -> Message:
+    """`sender` sends `message`; the other side receives all of it and returns the event."""
+    data = sides[sender].send(message)
+    receiver = sides[_other(sender)]
+    receiver.receive_data(data)
+    event = receiver.next_event()
+    assert receiver.next_event() is NEED_DATA
+    return event  # type: ignore[return-value]
+
+
+def _run(flow: Flow, script: list[tuple[Role, Message]]) -> dict[Role, Exchange]:
+    sides = _pair(flow)
+    for sender, message in script:
+        assert _deliver(sides, sender, message) == message
+    return sides
+
+
+# --- complete flows -------------------------------------------------------------
+
+
+def test_average_exchange_completes_on_both_sides() -> None:
+    sides = _pair(AVERAGE)
+    for (sender, message), state in zip(AVERAGE_SCRIPT, AVERAGE_STATES[1:]):
+        assert _deliver(sides, sender, message) == message
+        assert sides[I].state == sides[R].state == state
+    assert sides[I].finished and sides[R].finished
+    assert sides[I].state == sides[R].state == DONE
+
+
+def test_average_exchange_fed_one_byte_at_a_time() -> None:
+    sides = _pair(AVERAGE)
+    for sender, message in AVERAGE_SCRIPT:
+        data = sides[sender].send(message)
+        receiver = sides[_other(sender)]
+        for i in range(len(data) - 1):
+            receiver.receive_data(data[i : i + 1])
+            assert receiver.next_event() is NEED_DATA
+        receiver.receive_data(data[-1:])
+        assert receiver.next_event() == message
+    assert sides[I].state == sides[R].state == DONE
+
+
+def test_several_frames_in_one_chunk_are_returned_in_order() -> None:
+    responder = Exchange(R, STATE_SYNC)
+    initiator = Exchange(I, STATE_SYNC, max_params_bytes=MAX_PARAMS)
+    responder.receive_data(initiator.send(StateRequest("run", "fp")))
+    assert isinstance(responder.next_event(), StateRequest)
+    initiator.receive_data(responder.send(StateReply(3.0)) + responder.send(Params(b"state")))
+    assert initiator.next_event() == StateReply(3.0)
+    assert initiator.next_event() == Params(b"state")
+    assert initiator.state == DONE
+
+
+def test_peer_exchange_completes() -> None:
+    sides = _run(PEER_EXCHANGE, PEER_EXCHANGE_SCRIPT)
+    assert sides[I].state == sides[R].state == DONE
+
+
+def test_peer_exchange_refused_ends_closed() -> None:
+    sides = _run(PEER_EXCHANGE, [(I, HELLO), (R, Refuse("run mismatch"))])
+    assert sides[I].state == sides[R].state == CLOSED
+
+
+def test_state_sync_completes() -> None:
+    sides = _run(STATE_SYNC, STATE_SYNC_SCRIPT)
+    assert sides[I].state == sides[R].state == DONE
+
+
+def test_state_sync_refused_ends_closed() -> None:
+    sides = _run(STATE_SYNC, [(I, StateRequest("run", "fp")), (R, Refuse("fingerprint mismatch"))])
+    assert sides[I].state == sides[R].state == CLOSED
+
+
+@pytest.mark.parametrize("answer", [Busy("already in an exchange"), Refuse("task mismatch")])
+def test_busy_or_refuse_ends_closed(answer: Message) -> None:
+    sides = _run(AVERAGE, [(I, OFFER), (R, answer)])
+    assert sides[I].state == sides[R].state == CLOSED
+    assert sides[I].finished and sides[R].finished
+
+
+# --- abort ----------------------------------------------------------------------
+
+FLOWS = {"average": (AVERAGE, AVERAGE_SCRIPT), "peer": (PEER_EXCHANGE, PEER_EXCHANGE_SCRIPT), "sync": (STATE_SYNC, STATE_SYNC_SCRIPT)}
+ABORT_CASES = [
+    (flow_name, steps, aborter)
+    for flow_name, (_, script) in FLOWS.items()
+    for steps in range(len(script))  # every non-terminal state along the script
+    for aborter in Role
+]
+
+
+@pytest.mark.parametrize(("flow_name", "steps", "aborter"), ABORT_CASES)
+def test_abort_from_either_side_in_any_non_terminal_state_ends_closed(flow_name: str, steps: int, aborter: Role) -> None:
+    flow, script = FLOWS[flow_name]
+    sides = _run(flow, script[:steps])
+    assert not sides[I].finished
+    event = _deliver(sides, aborter, Abort("giving up"))
+    assert event == Abort("giving up")
+    assert sides[I].state == sides[R].state == CLOSED
+
+
+def test_nothing_may_follow_an_abort() -> None:
+    sides = _run(AVERAGE, [(I, OFFER), (R, Abort("bye"))])
+    with pytest.raises(LocalProtocolError, match="Abort from initiator after the conversation ended"):
+        sides[I].send(Abort("again"))
+    sides[I].receive_data(encode_frame(Accept(1.0)))
+    with pytest.raises(ProtocolViolation, match=r"Accept from responder after the conversation ended \(closed\)"):
+        sides[I].next_event()
+
+
+# --- rule breaks ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("role", "steps", "message", "text"),
+    [
+        (R, 0, Params(b"x"), "average: Params from initiator not allowed in state 'start'"),
+        (R, 0, Commit(), "average: Commit from initiator not allowed in state 'start'"),
+        (R, 1, OFFER, "average: Offer from initiator not allowed in state 'offered'"),
+        (R, 2, Commit(), "average: Commit from initiator not allowed in state 'accepted'"),
+        (I, 0, Accept(1.0), "average: Accept from responder not allowed in state 'start'"),
+        (I, 1, Params(b"x"), "average: Params from responder not allowed in state 'offered'"),
+        (I, 2, Accept(1.0), "average: Accept from responder not allowed in state 'accepted'"),
+        (I, 3, Commit(), "average: Commit from responder not allowed in state 'initiator_sent'"),
+        (I, 1, HELLO, "average: Hello from responder not allowed in state 'offered'"),
+    ],
+)
+def test_message_out_of_order_is_a_violation_naming_message_role_and_state(
+    role: Role, steps: int, message: Message, text: str
+) -> None:
+    sides = _run(AVERAGE, AVERAGE_SCRIPT[:steps])
+    sides[role].receive_data(encode_frame(message))
+    with pytest.raises(ProtocolViolation, match=f"^{text}$"):
+        sides[role].next_event()
+
+
+def test_message_after_done_is_a_violation() -> None:
+    sides = _run(AVERAGE, AVERAGE_SCRIPT)
+    sides[R].receive_data(encode_frame(Commit()))
+    with pytest.raises(ProtocolViolation, match=r"Commit from initiator after the conversation ended \(done\)"):
+        sides[R].next_event()
+
+
+@pytest.mark.parametrize(
+    ("role", "steps", "message", "text"),
+    [
+        (I, 0, Params(b"x"), "average: Params from initiator not allowed in state 'start'"),
+        (R, 0, OFFER, "average: Offer from responder not allowed in state 'start'"),
+        (R, 0, Accept(1.0), "average: Accept from responder not allowed in state 'start'"),
+        (I, 1, OFFER, "average: Offer from initiator not allowed in state 'offered'"),
+        (R, 2, Params(b"x"), "average: Params from responder not allowed in state 'accepted'"),
+        (I, 3, Commit(), "average: Commit from initiator not allowed in state 'initiator_sent'"),
+        (I, 5, Commit(), r"average: Commit from initiator after the conversation ended \(done\)"),
+    ],
+)
+def test_sending_out_of_turn_is_a_local_error(role: Role, steps: int, message: Message, text: str) -> None:
+    sides = _run(AVERAGE, AVERAGE_SCRIPT[:steps])
+    state = sides[role].state
+    with pytest.raises(LocalProtocolError, match=f"^{text}$"):
+        sides[role].send(message)
+    assert sides[role].state == state
+
+
+def test_malformed_body_raises_malformed_message() -> None:
+    responder = Exchange(R, AVERAGE)
+    responder.receive_data(FRAME_HEADER.pack(2, Offer.TYPE) + b"{}")
+    with pytest.raises(MalformedMessage, match="Offer: expected fields"):
+        responder.next_event()
+
+
+# --- frame size caps --------------------------------------------------------------
+
+
+def test_oversized_params_frame_is_rejected_from_its_header_alone() -> None:
+    sides = _run(AVERAGE, AVERAGE_SCRIPT[:2])
+    sides[R].receive_data(FRAME_HEADER.pack(MAX_PARAMS + 1, Params.TYPE))
+    with pytest.raises(FrameTooLarge, match=f"average: frame of type 6 announces {MAX_PARAMS + 1} bytes, limit {MAX_PARAMS}"):
+        sides[R].next_event()
+
+
+def test_params_frame_at_the_cap_is_accepted() -> None:
+    sides = _run(AVERAGE, AVERAGE_SCRIPT[:2])
+    sides[R].receive_data(FRAME_HEADER.pack(MAX_PARAMS, Params.TYPE))
+    assert sides[R].next_event() is NEED_DATA
+    sides[R].receive_data(b"p" * MAX_PARAMS)
+    assert sides[R].next_event() == Params(b"p" * MAX_PARAMS)
+
+
+def test_params_are_refused_entirely_without_a_cap() -> None:
+    responder = Exchange(R, AVERAGE)  # max_params_bytes defaults to 0
+    responder.receive_data(FRAME_HEADER.pack(1, Params.TYPE))
+    with pytest.raises(FrameTooLarge, match="limit 0"):
+        responder.next_event()
+
+
+@pytest.mark.parametrize("type_code", [Offer.TYPE, Hello.TYPE, Abort.TYPE, 200])
+def test_oversized_control_frame_is_rejected_from_its_header_alone(type_code: int) -> None:
+    responder = Exchange(R, AVERAGE, max_params_bytes=10 * MAX_CONTROL_BYTES)
+    responder.receive_data(FRAME_HEADER.pack(MAX_CONTROL_BYTES + 1, type_code))
+    with pytest.raises(FrameTooLarge, match=f"announces {MAX_CONTROL_BYTES + 1} bytes, limit {MAX_CONTROL_BYTES}"):
+        responder.next_event()
+
+
+def test_control_frame_at_the_cap_waits_for_its_body() -> None:
+    responder = Exchange(R, AVERAGE)
+    responder.receive_data(FRAME_HEADER.pack(MAX_CONTROL_BYTES, Offer.TYPE))
+    assert responder.next_event() is NEED_DATA
+
+
+def test_partial_header_needs_data() -> None:
+    responder = Exchange(R, AVERAGE)
+    responder.receive_data(FRAME_HEADER.pack(MAX_CONTROL_BYTES + 1, Offer.TYPE)[:4])
+    assert responder.next_event() is NEED_DATA
+
+
+# --- end of stream ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("steps", range(len(AVERAGE_SCRIPT)))
+def test_eof_mid_conversation_raises_peer_closed(steps: int) -> None:
+    sides = _run(AVERAGE, AVERAGE_SCRIPT[:steps])
+    receiver = sides[_other(AVERAGE_SCRIPT[steps][0])]  # the side waiting for the next message
+    receiver.receive_data(b"")
+    with pytest.raises(PeerClosed, match=f"average: peer closed the stream in state '{AVERAGE_STATES[steps]}'"):
+        receiver.next_event()
+
+
+def test_eof_inside_a_frame_raises_peer_closed() -> None:
+    responder = Exchange(R, AVERAGE)
+    responder.receive_data(encode_frame(OFFER)[:-1])
+    assert responder.next_event() is NEED_DATA
+    responder.receive_data(b"")
+    with pytest.raises(PeerClosed, match="state 'start'"):
+        responder.next_event()
+
+
+def test_complete_frame_before_eof_is_still_delivered() -> None:
+    responder = Exchange(R, AVERAGE)
+    responder.receive_data(encode_frame(OFFER))
+    responder.receive_data(b"")
+    assert responder.next_event() == OFFER
+    with pytest.raises(PeerClosed, match="state 'offered'"):
+        responder.next_event()
+
+
+# --- fuzz -----------------------------------------------------------------------
+
+frames = st.one_of(
+    st.binary(max_size=12),
+    st.sampled_from([encode_frame(m) for _, m in AVERAGE_SCRIPT + PEER_EXCHANGE_SCRIPT + STATE_SYNC_SCRIPT]),
+    st.sampled_from([encode_frame(m) for m in (Abort("x"), Busy("b"), Refuse("r"), Accept(1.0))]),
+    st.builds(lambda n, t, body: FRAME_HEADER.pack(n, t) + body, st.integers(0, 2**32 - 1), st.integers(0, 255), st.binary(max_size=20)),
+)
+
+RESPONDER_ANSWERS: dict[type[Message], Message] = {Offer: Accept(2.0), Params: Params(b"r" * 8)}
+
+
+@settings(max_examples=300)
+@given(st.lists(frames, max_size=8), st.integers(1, 16), st.booleans())
+def test_arbitrary_bytes_to_a_responder_raise_only_remote_protocol_errors(
+    chunks: list[bytes], step: int, eof: bool
+) -> None:
+    responder = Exchange(R, AVERAGE, max_params_bytes=MAX_PARAMS)
+    data = b"".join(chunks)
+    pieces = [data[i : i + step] for i in range(0, len(data), step)] + ([b""] if eof else [])
+    allowed = {START: (Offer, Abort), "accepted": (Params, Abort), "responder_sent": (Commit, Abort)}
+    try:
+        for piece in pieces:
+            responder.receive_data(piece)
+            while not responder.finished:
+                state = responder.state
+                event = responder.next_event()
+                if event is NEED_DATA:
+                    break
+                assert isinstance(event, allowed[state]), (state, event)
+                if type(event) in RESPONDER_ANSWERS:
+                    responder.send(RESPONDER_ANSWERS[type(event)])
+    except RemoteProtocolError:
+        pass
+    assert responder.state in {START, "offered", "accepted", "initiator_sent", "responder_sent", DONE, CLOSED}

@@ -1,0 +1,282 @@
+"""The membership table: members only by direct contact, rumours as candidates, expiry and dial backoff."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from node.peers import MAX_CANDIDATES, PeerTable
+from protocol.messages import MAX_ADDRS, MAX_PEERS_PER_HELLO, PeerRecord
+
+SELF = "self"
+TIMEOUT = 30.0
+
+
+def _table() -> PeerTable:
+    return PeerTable(SELF, liveness_timeout=TIMEOUT)
+
+
+def _addr(peer_id: str) -> list[str]:
+    return [f"/dns/{peer_id}/tcp/4001"]
+
+
+# --- observe / rumour -----------------------------------------------------------
+
+
+def test_observe_adds_a_new_member() -> None:
+    table = _table()
+    assert table.observe("a", _addr("a"), now=1.0) is True
+    entry = table.members["a"]
+    assert (entry.peer_id, entry.addrs, entry.last_seen, entry.exchanges) == ("a", _addr("a"), 1.0, 0)
+
+
+def test_observing_a_known_member_refreshes_it_without_reporting_it_new() -> None:
+    table = _table()
+    table.observe("a", _addr("a"), now=1.0)
+    assert table.observe("a", ["/ip4/9.9.9.9/tcp/1"], now=5.0) is False
+    assert table.members["a"].last_seen == 5.0
+    assert table.members["a"].addrs == ["/ip4/9.9.9.9/tcp/1"]
+
+
+def test_observing_without_addresses_keeps_the_known_ones() -> None:
+    table = _table()
+    table.observe("a", _addr("a"), now=1.0)
+    table.observe("a", [], now=2.0)
+    assert table.members["a"].addrs == _addr("a")
+
+
+def test_observe_copies_the_address_list() -> None:
+    table = _table()
+    addrs = _addr("a")
+    table.observe("a", addrs, now=1.0)
+    addrs.append("/mutated")
+    assert table.members["a"].addrs == _addr("a")
+
+
+def test_self_is_never_added() -> None:
+    table = _table()
+    assert table.observe(SELF, _addr(SELF), now=1.0) is False
+    table.rumour([PeerRecord(SELF, _addr(SELF))])
+    assert SELF not in table.members and SELF not in table.candidates
+
+
+def test_rumoured_peers_are_candidates_not_members() -> None:
+    table = _table()
+    table.rumour([PeerRecord("b", _addr("b")), PeerRecord("c", _addr("c"))])
+    assert table.members == {}
+    assert table.candidates == {"b": _addr("b"), "c": _addr("c")}
+    entry, reason = table.select_partner(random.Random(0), set())
+    assert entry is None and reason == "no known peers"
+
+
+def test_rumoured_peer_becomes_a_member_once_observed() -> None:
+    table = _table()
+    table.rumour([PeerRecord("b", _addr("b"))])
+    assert table.observe("b", _addr("b"), now=3.0) is True
+    assert "b" in table.members and "b" not in table.candidates
+
+
+def test_rumours_of_members_and_of_peers_without_addresses_are_ignored() -> None:
+    table = _table()
+    table.observe("a", _addr("a"), now=1.0)
+    table.rumour([PeerRecord("a", ["/elsewhere"]), PeerRecord("d", [])])
+    assert table.candidates == {}
+    assert table.members["a"].addrs == _addr("a")
+
+
+def test_candidates_are_capped() -> None:
+    table = _table()
+    table.rumour([PeerRecord(f"p{i}", _addr(f"p{i}")) for i in range(MAX_CANDIDATES + 10)])
+    assert len(table.candidates) == MAX_CANDIDATES
+
+
+def test_forget_drops_member_and_candidate() -> None:
+    table = _table()
+    table.observe("a", _addr("a"), now=1.0)
+    table.rumour([PeerRecord("b", _addr("b"))])
+    table.forget("a")
+    table.forget("b")
+    table.forget("unknown")
+    assert table.members == {} and table.candidates == {}
+
+
+# --- expiry ---------------------------------------------------------------------
+
+
+def test_expire_drops_silent_members_and_returns_their_ids() -> None:
+    table = _table()
+    table.observe("old", _addr("old"), now=0.0)
+    table.observe("older", _addr("older"), now=-5.0)
+    table.observe("fresh", _addr("fresh"), now=20.0)
+    assert sorted(table.expire(now=TIMEOUT + 1.0)) == ["old", "older"]
+    assert list(table.members) == ["fresh"]
+    assert table.expire(now=TIMEOUT + 1.0) == []
+
+
+def test_member_exactly_at_the_timeout_is_kept() -> None:
+    table = _table()
+    table.observe("a", _addr("a"), now=0.0)
+    assert table.expire(now=TIMEOUT) == []
+    assert "a" in table.members
+
+
+def test_refreshed_member_survives_expiry() -> None:
+    table = _table()
+    table.observe("a", _addr("a"), now=0.0)
+    table.observe("a", [], now=25.0)
+    assert table.expire(now=50.0) == []
+
+
+# --- dial backoff ---------------------------------------------------------------
+
+
+def test_unknown_peer_may_be_dialled() -> None:
+    assert _table().may_dial("x", now=0.0)
+
+
+def test_dial_failure_removes_the_candidate_and_backs_off() -> None:
+    table = _table()
+    table.rumour([PeerRecord("b", _addr("b"))])
+    table.dial_failed("b", now=10.0, base_delay=1.0)
+    assert "b" not in table.candidates
+    assert not table.may_dial("b", now=10.5)
+    assert table.may_dial("b", now=11.0)
+
+
+def test_consecutive_dial_failures_double_the_delay_up_to_the_cap() -> None:
+    table = _table()
+    now, delays = 0.0, []
+    for _ in range(8):
+        table.dial_failed("b", now=now, base_delay=1.0, max_delay=10.0)
+        retry_at = table._backoff["b"].retry_at
+        delays.append(retry_at - now)
+        assert not table.may_dial("b", now=retry_at - 1e-6)
+        assert table.may_dial("b", now=retry_at)
+        now = retry_at
+    assert delays == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0, 10.0, 10.0]
+
+
+@given(st.floats(0.01, 5.0), st.floats(5.0, 100.0), st.integers(1, 20))
+def test_backoff_delay_never_exceeds_the_cap(base: float, cap: float, failures: int) -> None:
+    table = _table()
+    for i in range(failures):
+        table.dial_failed("b", now=float(i), base_delay=base, max_delay=cap)
+    assert table._backoff["b"].delay == min(cap, base * 2 ** (failures - 1))
+    assert table._backoff["b"].retry_at <= failures - 1 + cap
+
+
+def test_contact_resets_the_backoff() -> None:
+    table = _table()
+    table.dial_failed("b", now=0.0)
+    table.dial_failed("b", now=0.0)
+    table.observe("b", _addr("b"), now=0.5)
+    assert table.may_dial("b", now=0.5)
+    table.dial_failed("b", now=1.0, base_delay=1.0)
+    assert table._backoff["b"].delay == 1.0  # starts again from the base delay
+
+
+# --- partner selection ------------------------------------------------------------
+
+
+def test_select_partner_without_members_says_no_known_peers() -> None:
+    assert _table().select_partner(random.Random(0), set()) == (None, "no known peers")
+
+
+def test_select_partner_when_every_member_was_tried() -> None:
+    table = _table()
+    for p in "abc":
+        table.observe(p, _addr(p), now=0.0)
+    assert table.select_partner(random.Random(0), {"a", "b", "c"}) == (None, "every known peer was tried this round")
+
+
+@given(st.integers(0, 2**32 - 1), st.sets(st.sampled_from("abcdef")))
+def test_select_partner_picks_only_non_excluded_members(seed: int, exclude: set[str]) -> None:
+    table = _table()
+    for p in "abcdef":
+        table.observe(p, _addr(p), now=0.0)
+    table.rumour([PeerRecord("rumoured", _addr("rumoured"))])
+    entry, reason = table.select_partner(random.Random(seed), exclude)
+    remaining = set("abcdef") - exclude
+    if remaining:
+        assert entry is not None and entry.peer_id in remaining
+        assert reason == f"random pick among {len(remaining)} live peers"
+    else:
+        assert entry is None
+
+
+def test_select_partner_reaches_every_eligible_member() -> None:
+    table = _table()
+    for p in "abcd":
+        table.observe(p, _addr(p), now=0.0)
+    rng = random.Random(1)
+    picks = {table.select_partner(rng, {"d"})[0].peer_id for _ in range(100)}  # type: ignore[union-attr]
+    assert picks == {"a", "b", "c"}
+
+
+# --- whom to contact ----------------------------------------------------------------
+
+
+def test_to_contact_prefers_candidates_then_stalest_members() -> None:
+    table = _table()
+    table.observe("recent", _addr("recent"), now=9.0)
+    table.observe("stale", _addr("stale"), now=1.0)
+    table.observe("middle", _addr("middle"), now=5.0)
+    table.rumour([PeerRecord("c1", _addr("c1")), PeerRecord("c2", _addr("c2"))])
+    picks = table.to_contact(now=10.0, limit=4)
+    assert [p for p, _ in picks] == ["c1", "c2", "stale", "middle"]
+    assert picks[0] == ("c1", _addr("c1"))
+
+
+@pytest.mark.parametrize("limit", [0, 1, 2, 3, 10])
+def test_to_contact_respects_the_limit(limit: int) -> None:
+    table = _table()
+    for i in range(3):
+        table.observe(f"m{i}", _addr(f"m{i}"), now=float(i))
+    table.rumour([PeerRecord(f"c{i}", _addr(f"c{i}")) for i in range(3)])
+    picks = table.to_contact(now=10.0, limit=limit)
+    assert len(picks) == min(limit, 6)
+    assert [p for p, _ in picks] == ["c0", "c1", "c2", "m0", "m1", "m2"][:limit]
+
+
+def test_to_contact_skips_candidates_in_backoff() -> None:
+    table = _table()
+    table.dial_failed("c1", now=0.0, base_delay=5.0)
+    table.rumour([PeerRecord("c1", _addr("c1")), PeerRecord("c2", _addr("c2"))])
+    assert [p for p, _ in table.to_contact(now=1.0, limit=5)] == ["c2"]
+    assert [p for p, _ in table.to_contact(now=5.0, limit=5)] == ["c1", "c2"]
+
+
+# --- records for hello ----------------------------------------------------------------
+
+
+def test_records_share_every_member_when_few() -> None:
+    table = _table()
+    for p in "abc":
+        table.observe(p, _addr(p), now=0.0)
+    records = table.records(random.Random(0))
+    assert sorted(r.peer_id for r in records) == ["a", "b", "c"]
+    assert all(isinstance(r, PeerRecord) and r.addrs == _addr(r.peer_id) for r in records)
+
+
+def test_records_are_a_bounded_sample_without_duplicates() -> None:
+    table = _table()
+    for i in range(MAX_PEERS_PER_HELLO + 40):
+        table.observe(f"p{i}", _addr(f"p{i}"), now=0.0)
+    records = table.records(random.Random(0))
+    ids = [r.peer_id for r in records]
+    assert len(ids) == MAX_PEERS_PER_HELLO == len(set(ids))
+    assert set(ids) <= set(table.members)
+
+
+def test_records_truncate_long_address_lists() -> None:
+    table = _table()
+    table.observe("a", [f"/ip4/10.0.0.{i}/tcp/1" for i in range(MAX_ADDRS + 5)], now=0.0)
+    (record,) = table.records(random.Random(0))
+    assert len(record.addrs) == MAX_ADDRS
+
+
+def test_records_of_an_empty_table_are_empty() -> None:
+    assert _table().records(random.Random(0)) == []

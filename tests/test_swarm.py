@@ -1,0 +1,48 @@
+"""A swarm of `murmur run` OS processes on loopback, each bootstrapped from the first only."""
+
+import signal
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+
+from node.swarm import start_swarm, stop_swarm
+
+pytestmark = pytest.mark.slow
+
+
+def test_swarm_of_processes_learns_and_stops_cleanly(tmp_path: Path) -> None:
+    extra = ["--task", "digits", "--step-time", "20", "--duration", "120", "--liveness-timeout", "10"]
+    peers = start_swarm(tmp_path, [1, 1, 2, 4], extra)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            statuses = [p.status() or {} for p in peers]
+            merged = [s.get("exchanges", {}).get("merged", 0) for s in statuses]
+            accuracy = [s.get("eval", {}).get("accuracy", 0.0) for s in statuses]
+            known = [s.get("known_peers", 0) for s in statuses]
+            if min(merged) >= 1 and min(known) == 3 and statistics.median(accuracy) > 0.9:
+                break
+            assert all(p.process.poll() is None for p in peers), "a peer exited early"
+            time.sleep(1)
+        else:
+            pytest.fail(f"swarm did not converge: merged={merged} known={known} accuracy={accuracy}")
+    finally:
+        codes = stop_swarm(peers)
+    assert codes == [0, 0, 0, 0]
+    for peer in peers:
+        log = (peer.data_dir / "log.txt").read_text()
+        assert "Traceback" not in log, log
+        assert "murmur: listening on /ip4/127.0.0.1/tcp/" in log
+    # Peers 1-3 were told only about peer 0, yet learned each other (peer exchange).
+    assert known == [3, 3, 3, 3]
+    assert statistics.median(accuracy) > 0.9  # chance is 0.1
+
+
+def test_sigint_stops_a_lone_node_with_status_zero(tmp_path: Path) -> None:
+    peers = start_swarm(tmp_path, [1], ["--task", "digits"])
+    time.sleep(2)
+    peers[0].process.send_signal(signal.SIGINT)
+    assert peers[0].process.wait(timeout=30) == 0
+    assert "Traceback" not in (peers[0].data_dir / "log.txt").read_text()

@@ -1,0 +1,47 @@
+import pytest
+import torch
+
+from node.merge import merge_delta
+from node.tasks import DigitsTask
+from node.trainer import Pacing, Trainer, TrainStats, train
+
+pytestmark = pytest.mark.anyio
+
+
+def test_step_time_pads_each_step_to_its_emulated_duration() -> None:
+    pacing = Pacing(slowdown=4, step_time_ms=20)
+    assert pacing.step_duration(compute_s=0.003, elapsed_s=0.004, batch_size=32) == pytest.approx(0.080)
+    assert pacing.step_duration(compute_s=0.003, elapsed_s=0.004, batch_size=64) == pytest.approx(0.160)
+    # A step slower than its target is never shortened.
+    assert pacing.step_duration(compute_s=0.2, elapsed_s=0.2, batch_size=32) == pytest.approx(0.2)
+
+
+def test_slowdown_sleeps_s_minus_one_times_compute() -> None:
+    assert Pacing(slowdown=3).step_duration(compute_s=0.01, elapsed_s=0.011, batch_size=32) == pytest.approx(0.031)
+    assert Pacing().step_duration(compute_s=0.01, elapsed_s=0.011, batch_size=32) == pytest.approx(0.011)
+
+
+def test_step_counts_work_and_merge_keeps_in_flight_progress() -> None:
+    trainer = Trainer(DigitsTask(), shard=0)
+    trainer.step()
+    snapshot = trainer.snapshot()
+    assert snapshot.weight == trainer.samples == 32
+    trainer.step()  # progress made while an exchange is in flight
+    progressed = trainer.snapshot().state
+    remote = {n: torch.zeros_like(t) for n, t in snapshot.state.items()}
+    trainer.apply_merge(merge_delta(snapshot.state, remote, 0.5), snapshot.weight, weight_after=40.0)
+    after = trainer.snapshot()
+    for name, tensor in after.state.items():
+        expected = progressed[name] + 0.5 * (remote[name] - snapshot.state[name])
+        torch.testing.assert_close(tensor, expected)
+    assert after.weight == 40.0 + 32  # the merge's weight plus the step taken meanwhile
+
+
+async def test_train_loop_steps_and_evaluates() -> None:
+    trainer = Trainer(DigitsTask(), shard=0)
+    evals: list[dict[str, float]] = []
+    stats = TrainStats()
+    await train(trainer, Pacing(), stats, eval_every=0.0, on_eval=evals.append, max_steps=5)
+    assert stats.steps == 5 and trainer.samples == 160
+    assert len(evals) == 5 and all("accuracy" in e for e in evals)
+    assert 0 < stats.busy_s
