@@ -32,6 +32,8 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=None, metavar="SECONDS", help="stop after this many seconds of training")
     p.add_argument("--shard", type=int, default=None, help="data shard / seed (default: derived from the peer id)")
     p.add_argument("--no-state-sync", action="store_true", help="do not pull the swarm's model before the first step")
+    p.add_argument("--start-at", type=float, default=None, metavar="UNIX_TIME", help="join first, start training at this time")
+    p.add_argument("--record-params", action="store_true", help="save the parameters at every evaluation (benchmarks)")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
 
 
@@ -48,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--step-time", type=float, default=20.0, metavar="MS", help="emulated ms per 32 samples at slowdown 1")
     demo.add_argument("--no-sync", action="store_true", help="skip the synchronous baseline run")
     demo.add_argument("--out", type=Path, default=Path("murmur-demo"), help="folder for peer data, summary and plot")
+    sub.add_parser("bench", help="heterogeneous-swarm benchmark vs synchronous all-reduce (see --help)", add_help=False)
     ident = sub.add_parser("id", help="print this node's peer ID (creating its key if needed)")
     ident.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     return parser
@@ -87,7 +90,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         bootstrap=args.bootstrap, addr_file=args.addr_file, slowdown=args.slowdown, step_time_ms=args.step_time,
         weighting=args.weighting, average_every=args.average_every, exchange_timeout=args.exchange_timeout,
         liveness_timeout=args.liveness_timeout, eval_every=args.eval_every, duration=args.duration,
-        shard=args.shard, sync_state=not args.no_state_sync,
+        shard=args.shard, sync_state=not args.no_state_sync, start_at=args.start_at, record_params=args.record_params,
     )
     anyio.run(_run_until_signal, config, key_pair, backend="trio")
     return 0
@@ -101,6 +104,11 @@ def cmd_id(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        from scripts.bench_heterogeneous import main as bench_main
+
+        return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "run":
         return cmd_run(args)

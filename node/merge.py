@@ -3,7 +3,7 @@
 A `WeightingPolicy` decides the partner's share of the merged model from both work
 weights and says why. Both sides of an exchange evaluate the same symmetric rule, so
 they arrive at the same merged parameters; each then sets its weight to the pair's
-mean, which conserves Σ weight × parameters (and Σ weight) across the pair.
+mean, which conserves Σ weight across the pair and, under `work`, Σ weight × parameters.
 """
 
 from __future__ import annotations

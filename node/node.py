@@ -31,6 +31,7 @@ from node.transport import Transport
 log = logging.getLogger("murmur.node")
 STATUS_FILE = "status.json"
 METRICS_FILE = "metrics.jsonl"
+PARAMS_FILE = "params.pt"
 
 
 @dataclass
@@ -54,6 +55,8 @@ class NodeConfig:
     duration: float | None = None  # stop after this many seconds of training
     shard: int | None = None  # defaults to a number derived from the peer ID
     sync_state: bool = True
+    start_at: float | None = None  # Unix time to start training (benchmarks start peers together)
+    record_params: bool = False  # keep the parameters at every evaluation, saved to params.pt on exit
 
 
 def _shard_of(peer_id: str) -> int:
@@ -78,6 +81,7 @@ class Node:
             exchange_timeout=config.exchange_timeout, rng=self.rng,
         )
         self.stats = TrainStats()
+        self.param_history: list[tuple[float, torch.Tensor]] = []
         self.last_eval: dict[str, float] = {}
         self.started_at = time.time()
         config.data_dir.mkdir(parents=True, exist_ok=True)
@@ -103,6 +107,8 @@ class Node:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(3):
                     await self.membership.announce_leaving()
                 self.write_status()
+                if self.param_history:
+                    torch.save(self.param_history, cfg.data_dir / PARAMS_FILE)
 
     async def _serve(self, cfg: NodeConfig) -> None:
         if cfg.bootstrap:
@@ -112,11 +118,13 @@ class Node:
                 outcome = await self.averager.sync_from_swarm()
                 if outcome.result != "synced":
                     log.info("no state sync (%s): starting from the initial model", outcome.reason)
-        self.started_at = time.time()
         async with anyio.create_task_group() as tg:
             tg.start_soon(self.membership.run, cfg.bootstrap, cfg.gossip_every)
             tg.start_soon(self.averager.run, cfg.average_every)
             tg.start_soon(self._report_status)
+            if cfg.start_at is not None:
+                await anyio.sleep(max(0.0, cfg.start_at - time.time()))
+            self.started_at = time.time()
             with anyio.move_on_after(cfg.duration if cfg.duration is not None else float("inf")):
                 await train(self.trainer, Pacing(cfg.slowdown, cfg.step_time_ms), self.stats, eval_every=cfg.eval_every, on_eval=self._on_eval)
             tg.cancel_scope.cancel()
@@ -127,6 +135,9 @@ class Node:
                   "exchanges": self.averager.outcomes["merged"]}
         with self._metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+        if self.config.record_params:
+            state = self.trainer.snapshot().state
+            self.param_history.append((record["t"], torch.cat([t.flatten() for t in state.values()])))
 
     async def _report_status(self, interval: float = 1.0) -> None:
         while True:

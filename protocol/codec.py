@@ -93,7 +93,8 @@ def decode_state(data: bytes, spec: TensorSpec) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
     for name, shape in spec.entries:
         size = 4 * _numel(shape)
-        flat = torch.frombuffer(bytearray(view[offset : offset + size]), dtype=torch.float32)
+        chunk = bytearray(view[offset : offset + size])
+        flat = torch.frombuffer(chunk, dtype=torch.float32) if size else torch.empty(0)
         offset += size
         tensor = flat.reshape(shape)
         if not torch.isfinite(tensor).all():
@@ -107,7 +108,7 @@ def _explain_header_mismatch(header_bytes: bytes, spec: TensorSpec) -> None:
         entries = json.loads(header_bytes.decode("utf-8"))
         if not isinstance(entries, list):
             raise ValueError("not a list")
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (ValueError, RecursionError) as exc:
         raise MalformedMessage(f"tensor header is not a JSON list ({exc})") from None
     for i, (name, shape) in enumerate(spec.entries):
         if i >= len(entries):

@@ -32,7 +32,8 @@ def _check_text(name: str, value: Any, limit: int = MAX_TEXT) -> None:
 
 def _check_work(name: str, value: Any) -> None:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or not 0 <= value <= MAX_WORK:
+    # Range first: a 400-digit JSON integer would overflow `math.isfinite`; NaN fails the range.
+    if not ok or not 0 <= value <= MAX_WORK or not math.isfinite(value):
         raise MalformedMessage(f"field {name!r} must be a finite number in [0, {MAX_WORK:g}], got {value!r}")
 
 
@@ -54,7 +55,7 @@ class Message:
     def from_body(cls, body: bytes) -> Message:
         try:
             fields = json.loads(body.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, huge ints, deep nesting
             raise MalformedMessage(f"{cls.__name__}: body is not UTF-8 JSON ({exc})") from None
         expected = {f.name for f in dataclasses.fields(cls)}
         if not isinstance(fields, dict) or set(fields) != expected:

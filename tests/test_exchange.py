@@ -325,13 +325,17 @@ frames = st.one_of(
 RESPONDER_ANSWERS: dict[type[Message], Message] = {Offer: Accept(2.0), Params: Params(b"r" * 8)}
 
 
+INITIATOR_FRAMES = [encode_frame(m) for sender, m in AVERAGE_SCRIPT if sender is I]
+
+
 @settings(max_examples=300)
-@given(st.lists(frames, max_size=8), st.integers(1, 16), st.booleans())
+@given(st.integers(0, len(INITIATOR_FRAMES)), st.lists(frames, max_size=8), st.integers(1, 16), st.booleans())
 def test_arbitrary_bytes_to_a_responder_raise_only_remote_protocol_errors(
-    chunks: list[bytes], step: int, eof: bool
+    valid_prefix: int, chunks: list[bytes], step: int, eof: bool
 ) -> None:
+    """A valid opening (so every state is reached) followed by arbitrary frames and bytes, in arbitrary chunks."""
     responder = Exchange(R, AVERAGE, max_params_bytes=MAX_PARAMS)
-    data = b"".join(chunks)
+    data = b"".join(INITIATOR_FRAMES[:valid_prefix] + chunks)
     pieces = [data[i : i + step] for i in range(0, len(data), step)] + ([b""] if eof else [])
     allowed = {START: (Offer, Abort), "accepted": (Params, Abort), "responder_sent": (Commit, Abort)}
     try:

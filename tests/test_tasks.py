@@ -91,7 +91,7 @@ def test_digits_learns() -> None:
 
 def test_charlm_batches() -> None:
     x, y = next(CharLMTask().train_batches(3))
-    assert (x.shape, x.dtype, y.shape, y.dtype) == ((64, 32), torch.int64, (64, 32), torch.int64)
+    assert (x.shape, x.dtype, y.shape, y.dtype) == ((32, 32), torch.int64, (32, 32), torch.int64)
     assert torch.equal(x[:, 1:], y[:, :-1]), "y is x shifted by one byte"
     assert 0 <= x.min() and x.max() < 256
 

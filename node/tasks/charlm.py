@@ -29,16 +29,16 @@ EXCLUDED_DIRS = frozenset({"test", "tests", "idlelib", "site-packages"})
 TRAIN_CAP_BYTES = 4 * 2**20
 EVAL_CAP_BYTES = 256 * 2**10
 INIT_SEED = 0
-EVAL_WINDOWS = 8 * 64
+EVAL_WINDOWS = 4 * 64
 
 
 @dataclass(frozen=True)
 class GPTConfig:
     vocab_size: int = 256
     block_size: int = 32
-    n_layer: int = 3
+    n_layer: int = 2
     n_head: int = 4
-    n_embd: int = 128
+    n_embd: int = 64
 
 
 class CausalSelfAttention(nn.Module):
@@ -157,7 +157,7 @@ class CharLMTask:
 
     name = "charlm"
     metric = Metric("loss", False)
-    batch_size = 64
+    batch_size = 32
 
     def __init__(self) -> None:
         self.cfg = GPTConfig()
@@ -181,7 +181,7 @@ class CharLMTask:
         return torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.99), weight_decay=0.0)
 
     def train_batches(self, shard: int) -> Iterator[Batch]:
-        """Yield (x, y) int64 [64, 32] batches forever, y being x shifted by one byte.
+        """Yield (x, y) int64 [batch_size, 32] batches forever, y being x shifted by one byte.
 
         Window offsets are uniform over the training stream, drawn from a generator
         seeded by `shard`, so peers see different windows.
