@@ -99,7 +99,7 @@ def test_charlm_batches() -> None:
 def test_charlm_model_size_and_learns() -> None:
     task = CharLMTask()
     model = task.build_model()
-    assert 0.5e6 < sum(p.numel() for p in model.parameters()) < 0.7e6
+    assert 1.0e5 < sum(p.numel() for p in model.parameters()) < 1.5e5  # 2 layers, d=64
     losses = _train(task, model, steps=50)
     assert np.mean(losses[-10:]) < np.mean(losses[:10]) - 1.0
     after = task.evaluate(model)
