@@ -25,7 +25,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slowdown", type=float, default=1.0, help="emulate a device S times slower (sleep (S-1) x compute after each step)")
     p.add_argument("--step-time", type=float, default=None, metavar="MS", help="pad every step to S x MS ms per 32 samples")
     p.add_argument("--weighting", choices=sorted(POLICIES), default="work", help="how to weight the two models of a merge")
-    p.add_argument("--average-every", type=float, default=0.25, metavar="SECONDS", help="seconds between averaging attempts")
+    p.add_argument("--average-every", type=float, default=0.1, metavar="SECONDS", help="seconds between averaging attempts")
     p.add_argument("--exchange-timeout", type=float, default=10.0, metavar="SECONDS", help="give up an exchange after this long")
     p.add_argument("--liveness-timeout", type=float, default=10.0, metavar="SECONDS", help="drop peers silent for this long")
     p.add_argument("--eval-every", type=float, default=1.0, metavar="SECONDS", help="evaluate on held-out data this often")

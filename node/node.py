@@ -47,7 +47,7 @@ class NodeConfig:
     slowdown: float = 1.0
     step_time_ms: float | None = None
     weighting: str = "work"
-    average_every: float = 0.25
+    average_every: float = 0.1
     exchange_timeout: float = 10.0
     gossip_every: float = 1.0
     liveness_timeout: float = 10.0
@@ -146,7 +146,7 @@ class Node:
 
     def status(self) -> dict:
         now = time.monotonic()
-        elapsed = max(1e-9, now - self.stats.started) if self.stats.started else 0.0
+        elapsed = self.stats.elapsed(now)
         merged = [o for o in self.averager.recent if o.result == "merged"]
         return {
             "peer_id": self.peer_id,
@@ -164,7 +164,7 @@ class Node:
             "mean_exchange_s": sum(o.duration_s for o in merged) / len(merged) if merged else None,
             "bytes_sent": self.averager.bytes_sent,
             "known_peers": len(self.table.members),
-            "compute_fraction": self.stats.compute_fraction(now) if self.stats.started else 0.0,
+            "compute_fraction": self.stats.compute_fraction(now),
             "eval_fraction": self.stats.eval_s / elapsed if elapsed else 0.0,
         }
 

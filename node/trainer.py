@@ -109,13 +109,20 @@ class Trainer:
 class TrainStats:
     """What the training loop did; `busy_s` includes emulated (padded) compute."""
 
-    started: float = 0.0
+    started: float | None = None
+    ended: float | None = None
     steps: int = 0
     busy_s: float = 0.0
     eval_s: float = 0.0
 
+    def elapsed(self, now: float) -> float:
+        """Seconds of training so far (the loop's lifetime, not the process's)."""
+        if self.started is None:
+            return 0.0
+        return (self.ended if self.ended is not None else now) - self.started
+
     def compute_fraction(self, now: float) -> float:
-        elapsed = now - self.started
+        elapsed = self.elapsed(now)
         return self.busy_s / elapsed if elapsed > 0 else 0.0
 
 
@@ -133,17 +140,19 @@ async def train(
     Never waits for another peer: the only pauses are this peer's own evaluation
     and merges applied between steps.
     """
-    stats.started = time.monotonic()
-    next_eval = stats.started
-    while max_steps is None or stats.steps < max_steps:
-        if time.monotonic() >= next_eval:
-            start = time.monotonic()
-            on_eval(await anyio.to_thread.run_sync(trainer.evaluate))
-            stats.eval_s += time.monotonic() - start
-            next_eval = max(next_eval + eval_every, time.monotonic())  # skip grid points we missed
-        start = anyio.current_time()  # the event loop's clock, which `sleep_until` uses
-        compute = await anyio.to_thread.run_sync(trainer.step)
-        duration = pacing.step_duration(compute, anyio.current_time() - start, trainer.task.batch_size)
-        await anyio.sleep_until(start + duration)
-        stats.steps += 1
-        stats.busy_s += duration
+    stats.started = next_eval = time.monotonic()
+    try:
+        while max_steps is None or stats.steps < max_steps:
+            if time.monotonic() >= next_eval:
+                start = time.monotonic()
+                on_eval(await anyio.to_thread.run_sync(trainer.evaluate))
+                stats.eval_s += time.monotonic() - start
+                next_eval = max(next_eval + eval_every, time.monotonic())  # skip grid points we missed
+            start = anyio.current_time()  # the event loop's clock, which `sleep_until` uses
+            compute = await anyio.to_thread.run_sync(trainer.step)
+            duration = pacing.step_duration(compute, anyio.current_time() - start, trainer.task.batch_size)
+            await anyio.sleep_until(start + duration)
+            stats.steps += 1
+            stats.busy_s += duration
+    finally:
+        stats.ended = time.monotonic()

@@ -71,7 +71,9 @@ def _reached(value: float, target: float, higher: bool) -> bool:
     return value >= target if higher else value <= target
 
 
-def run_murmur(task: str, slowdowns: list[float], weighting: str | None, seed: int, max_s: float, root: Path) -> dict[str, Any]:
+def run_murmur(
+    task: str, slowdowns: list[float], weighting: str | None, seed: int, max_s: float, root: Path, average_every: float = 0.1
+) -> dict[str, Any]:
     """Run one swarm (or, with `weighting=None`, lone peers for the ideal); return its results."""
     spec = TASKS[task]
     root.mkdir(parents=True, exist_ok=True)
@@ -89,7 +91,7 @@ def run_murmur(task: str, slowdowns: list[float], weighting: str | None, seed: i
         if weighting is None:
             args += ["--average-every", "1e9"]  # alone: no bootstrap, no exchanges
         else:
-            args += ["--weighting", weighting] + (["--bootstrap", first] if i else [])
+            args += ["--weighting", weighting, "--average-every", str(average_every)] + (["--bootstrap", first] if i else [])
         log = (data_dir.mkdir(parents=True, exist_ok=True), (data_dir / "log.txt").open("w"))[1]
         procs.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
     try:
