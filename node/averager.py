@@ -266,8 +266,13 @@ class Averager:
             await stream.reset()
             raise
 
-    async def sync_from_swarm(self, attempts: int = 3) -> Outcome:
-        """Before the first step: adopt a live peer's model and weight, if any answers."""
+    async def sync_from_swarm(self, attempts: int = 3, behind_ratio: float = 0.0) -> Outcome:
+        """Before the first step: adopt a live peer's model and weight, if any answers.
+
+        A node resuming from a checkpoint passes `behind_ratio`: it adopts the peer's
+        model only if that carries at least `behind_ratio` times its own work weight, so
+        a stale peer catches up instead of dragging its neighbours back.
+        """
         tried: set[str] = set()
         outcome = Outcome("no-partner", "", "no known peers")
         for _ in range(attempts):
@@ -281,6 +286,8 @@ class Averager:
             except (TimeoutError, ProtocolError, TransportError) as exc:
                 outcome = Outcome("failed", entry.peer_id, f"{type(exc).__name__}: {exc}")
                 continue
+            if weight < behind_ratio * self.trainer.weight:
+                return Outcome("kept", entry.peer_id, f"peer's weight {weight:.0f} is not {behind_ratio:g}x ours ({self.trainer.weight:.0f})")
             await anyio.to_thread.run_sync(self.trainer.adopt, state, weight)
             outcome = Outcome("synced", entry.peer_id, f"adopted a model of weight {weight:.0f}", time.perf_counter() - start)
             log.info("state sync from %s: %s in %.3fs", entry.peer_id[-8:], outcome.reason, outcome.duration_s)

@@ -32,6 +32,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=None, metavar="SECONDS", help="stop after this many seconds of training")
     p.add_argument("--shard", type=int, default=None, help="data shard / seed (default: derived from the peer id)")
     p.add_argument("--no-state-sync", action="store_true", help="do not pull the swarm's model before the first step")
+    p.add_argument("--checkpoint-every", type=float, default=30.0, metavar="SECONDS", help="checkpoint this often (and on exit)")
     p.add_argument("--start-at", type=float, default=None, metavar="UNIX_TIME", help="join first, start training at this time")
     p.add_argument("--record-params", action="store_true", help="save the parameters at every evaluation (benchmarks)")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
@@ -91,6 +92,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         weighting=args.weighting, average_every=args.average_every, exchange_timeout=args.exchange_timeout,
         liveness_timeout=args.liveness_timeout, eval_every=args.eval_every, duration=args.duration,
         shard=args.shard, sync_state=not args.no_state_sync, start_at=args.start_at, record_params=args.record_params,
+        checkpoint_every=args.checkpoint_every,
     )
     anyio.run(_run_until_signal, config, key_pair, backend="trio")
     return 0

@@ -21,6 +21,7 @@ import torch
 from libp2p.crypto.keys import KeyPair
 
 from node.averager import AVERAGE_PROTOCOL, STATE_PROTOCOL, Averager, TaskIdentity
+from node.checkpoint import load_latest, save_checkpoint
 from node.membership import PEERS_PROTOCOL, Membership
 from node.merge import make_policy
 from node.peers import PeerTable
@@ -32,6 +33,7 @@ log = logging.getLogger("murmur.node")
 STATUS_FILE = "status.json"
 METRICS_FILE = "metrics.jsonl"
 PARAMS_FILE = "params.pt"
+CHECKPOINT_DIR = "checkpoints"
 
 
 @dataclass
@@ -56,6 +58,8 @@ class NodeConfig:
     shard: int | None = None  # defaults to a number derived from the peer ID
     sync_state: bool = True
     start_at: float | None = None  # Unix time to start training (benchmarks start peers together)
+    checkpoint_every: float = 30.0  # seconds; also on exit
+    catch_up_ratio: float = 2.0  # a resumed node adopts a peer's model carrying this many times its work
     record_params: bool = False  # keep the parameters at every evaluation, saved to params.pt on exit
 
 
@@ -85,6 +89,7 @@ class Node:
         self.last_eval: dict[str, float] = {}
         self.started_at = time.time()
         config.data_dir.mkdir(parents=True, exist_ok=True)
+        self.resumed_from = self._restore()
         self._metrics_path = config.data_dir / METRICS_FILE
         self._metrics_path.unlink(missing_ok=True)
 
@@ -106,6 +111,8 @@ class Node:
             finally:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(3):
                     await self.membership.announce_leaving()
+                with anyio.CancelScope(shield=True):
+                    await self.save_checkpoint()
                 self.write_status()
                 if self.param_history:
                     torch.save(self.param_history, cfg.data_dir / PARAMS_FILE)
@@ -114,14 +121,16 @@ class Node:
         if cfg.bootstrap:
             joined = await self.membership.join(cfg.bootstrap)
             log.info("joined through %d of %d bootstrap peers", joined, len(cfg.bootstrap))
-            if cfg.sync_state and self.trainer.weight == 0:
-                outcome = await self.averager.sync_from_swarm()
+            if cfg.sync_state:
+                ratio = cfg.catch_up_ratio if self.resumed_from else 0.0
+                outcome = await self.averager.sync_from_swarm(behind_ratio=ratio)
                 if outcome.result != "synced":
-                    log.info("no state sync (%s): starting from the initial model", outcome.reason)
+                    log.info("no state sync (%s): training from the %s model", outcome.reason, "resumed" if self.resumed_from else "initial")
         async with anyio.create_task_group() as tg:
             tg.start_soon(self.membership.run, cfg.bootstrap, cfg.gossip_every)
             tg.start_soon(self.averager.run, cfg.average_every)
             tg.start_soon(self._report_status)
+            tg.start_soon(self._checkpoint_periodically)
             if cfg.start_at is not None:
                 await anyio.sleep(max(0.0, cfg.start_at - time.time()))
             self.started_at = time.time()
@@ -138,6 +147,28 @@ class Node:
         if self.config.record_params:
             state = self.trainer.snapshot().state
             self.param_history.append((record["t"], torch.cat([t.flatten() for t in state.values()])))
+
+    def _restore(self) -> Path | None:
+        found = load_latest(self.config.data_dir / CHECKPOINT_DIR)
+        if found is None:
+            return None
+        state, path = found
+        try:
+            self.trainer.restore(state)
+        except (ValueError, KeyError, RuntimeError) as exc:
+            log.warning("not resuming from %s: %s", path, exc)
+            return None
+        log.info("resumed from %s (weight %.0f, %d samples)", path.name, self.trainer.weight, self.trainer.samples)
+        return path
+
+    async def save_checkpoint(self) -> Path:
+        state = await anyio.to_thread.run_sync(self.trainer.checkpoint_state)
+        return await anyio.to_thread.run_sync(save_checkpoint, self.config.data_dir / CHECKPOINT_DIR, state)
+
+    async def _checkpoint_periodically(self) -> None:
+        while True:
+            await anyio.sleep(self.config.checkpoint_every)
+            await self.save_checkpoint()
 
     async def _report_status(self, interval: float = 1.0) -> None:
         while True:

@@ -8,6 +8,7 @@ and `evaluate` each hold one lock, so merges land between steps and never tear a
 
 from __future__ import annotations
 
+import copy
 import math
 import threading
 import time
@@ -99,6 +100,27 @@ class Trainer:
             for name, tensor in state.items():
                 self._live[name].copy_(tensor)
             self.weight = weight
+
+    def checkpoint_state(self) -> dict:
+        """Everything needed to resume: model, optimizer, work weight and counters."""
+        with self._lock:
+            return {
+                "fingerprint": self.fingerprint,
+                "model": {n: t.detach().clone() for n, t in self.model.state_dict().items()},
+                "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+                "weight": self.weight,
+                "samples": self.samples,
+            }
+
+    def restore(self, state: dict) -> None:
+        """Resume from `checkpoint_state()` output; raises `ValueError` for another task's."""
+        if state.get("fingerprint") != self.fingerprint:
+            raise ValueError("checkpoint belongs to another task or model (fingerprint differs)")
+        with self._lock:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.weight = float(state["weight"])
+            self.samples = int(state["samples"])
 
     def evaluate(self) -> dict[str, float]:
         with self._lock:

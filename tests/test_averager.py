@@ -205,3 +205,19 @@ async def test_task_mismatch_is_refused_with_a_reason_both_sides_log(caplog: pyt
         logged = [r.getMessage() for r in caplog.records]
         assert any(m.startswith(f"refused peer {b.id[-8:]}: task mismatch") for m in logged)  # a's side
         assert any(m.startswith(f"peer {a.id[-8:]} refused us: task mismatch") for m in logged)  # b's side
+
+
+async def test_resumed_peer_far_behind_catches_up_but_a_current_one_keeps_its_model() -> None:
+    async with peers(3) as (veteran, stale, current):
+        train_steps(veteran, 10)
+        train_steps(stale, 1)
+        train_steps(current, 8)
+        stale.know(veteran)
+        current.know(veteran)
+        with anyio.fail_after(20):
+            caught_up = await stale.averager.sync_from_swarm(behind_ratio=2.0)
+            kept = await current.averager.sync_from_swarm(behind_ratio=2.0)
+        assert caught_up.result == "synced"
+        assert_state_close(stale.state(), veteran.state())
+        assert (kept.result, kept.reason) == ("kept", "peer's weight 320 is not 2x ours (256)")
+        assert current.trainer.weight == 256

@@ -33,3 +33,15 @@ async def test_nodes_join_sync_and_average(tmp_path: Path) -> None:
         assert status["samples"] > 0
         records = (node.config.data_dir / METRICS_FILE).read_text().splitlines()
         assert records and "accuracy" in json.loads(records[-1])
+
+
+async def test_node_saves_on_exit_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    net = MemoryNetwork()
+    config = NodeConfig(data_dir=tmp_path / "n", duration=1.0)
+    first = Node(config, net.transport("n"))
+    with anyio.fail_after(30):
+        await first.run()
+    assert first.trainer.samples > 0
+    again = Node(config, net.transport("n"))
+    assert again.resumed_from is not None
+    assert (again.trainer.samples, again.trainer.weight) == (first.trainer.samples, first.trainer.weight)

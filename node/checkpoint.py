@@ -1,0 +1,95 @@
+"""Durable checkpoints: atomic, checksummed, with fallback to the previous one.
+
+A checkpoint file is `MAGIC | sha256(payload) | payload`, where the payload is a
+`torch.save` of plain tensors and numbers (loaded with `weights_only=True`). Writes go
+to a temporary file that is fsynced and renamed, so a crash mid-write leaves at worst
+a stray temporary file, never a damaged checkpoint under a real name. The newest
+`KEEP` checkpoints are kept; loading walks from the newest to the oldest and reports
+each unusable one in a single line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MAGIC = b"MURMURCK1"
+KEEP = 2
+_NAME = re.compile(r"^checkpoint-(\d{8})\.pt$")
+log = logging.getLogger("murmur.checkpoint")
+
+
+class CorruptCheckpoint(Exception):
+    """A checkpoint file is truncated, altered or not a checkpoint; the message says which."""
+
+
+def _numbered(directory: Path) -> list[tuple[int, Path]]:
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), directory / name) for name in os.listdir(directory) if (m := _NAME.match(name))]
+    return sorted(found)
+
+
+def save_checkpoint(directory: Path, state: dict[str, Any]) -> Path:
+    """Write `state` as the newest checkpoint in `directory`; prune older ones. Returns its path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    payload = buffer.getvalue()
+    existing = _numbered(directory)
+    number = existing[-1][0] + 1 if existing else 1
+    path = directory / f"checkpoint-{number:08d}.pt"
+    tmp = directory / f".{path.name}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(MAGIC + hashlib.sha256(payload).digest() + payload)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # make the rename itself durable
+    finally:
+        os.close(dir_fd)
+    for _, old in (existing + [(number, path)])[:-KEEP]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """Read and verify one checkpoint; raises `CorruptCheckpoint` naming the problem."""
+    data = path.read_bytes()
+    header = len(MAGIC) + 32
+    if len(data) < header or not data.startswith(MAGIC):
+        raise CorruptCheckpoint(f"{path.name}: not a Murmur checkpoint or truncated header ({len(data)} bytes)")
+    digest, payload = data[len(MAGIC) : header], data[header:]
+    if hashlib.sha256(payload).digest() != digest:
+        raise CorruptCheckpoint(f"{path.name}: checksum mismatch (truncated or altered, {len(payload)} payload bytes)")
+    try:
+        state = torch.load(io.BytesIO(payload), weights_only=True)
+    except Exception as exc:  # checksum matched, so this is a format/version problem
+        raise CorruptCheckpoint(f"{path.name}: unreadable payload ({exc})") from None
+    if not isinstance(state, dict):
+        raise CorruptCheckpoint(f"{path.name}: payload is not a checkpoint dictionary")
+    return state
+
+
+def load_latest(directory: Path) -> tuple[dict[str, Any], Path] | None:
+    """The newest valid checkpoint in `directory` and its path, or None if there is none.
+
+    Each unusable checkpoint is logged in one line and skipped in favour of an older one.
+    """
+    for _, path in reversed(_numbered(directory)):
+        try:
+            return read_checkpoint(path), path
+        except (CorruptCheckpoint, OSError) as exc:
+            log.warning("checkpoint unusable: %s; trying an older one", exc)
+            # Set it aside so pruning after the next save cannot delete the good ones.
+            path.replace(path.with_name(path.name + ".corrupt"))
+    return None

@@ -1,0 +1,73 @@
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from node.checkpoint import CorruptCheckpoint, load_latest, read_checkpoint, save_checkpoint
+from node.tasks import CharLMTask, DigitsTask
+from node.trainer import Trainer
+
+
+def test_save_keeps_the_two_newest_and_loads_the_newest(tmp_path: Path) -> None:
+    for i in range(4):
+        save_checkpoint(tmp_path, {"n": i})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-00000003.pt", "checkpoint-00000004.pt"]
+    state, path = load_latest(tmp_path)
+    assert state == {"n": 3} and path.name == "checkpoint-00000004.pt"
+
+
+def test_every_truncation_of_the_newest_falls_back_to_the_previous(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    save_checkpoint(tmp_path, {"n": 1, "w": torch.ones(4)})
+    newest = save_checkpoint(tmp_path, {"n": 2, "w": torch.ones(4)})
+    data = newest.read_bytes()
+    for cut in range(0, len(data), 97):
+        newest.write_bytes(data[:cut])
+        with pytest.raises(CorruptCheckpoint):
+            read_checkpoint(newest)
+    newest.write_bytes(data[:-1])
+    with caplog.at_level(logging.WARNING, logger="murmur.checkpoint"):
+        state, path = load_latest(tmp_path)
+    assert state["n"] == 1 and path.name == "checkpoint-00000001.pt"
+    assert caplog.messages == ["checkpoint unusable: checkpoint-00000002.pt: checksum mismatch (truncated or altered, "
+                               f"{len(data) - 1 - 41} payload bytes); trying an older one"]
+    # The corrupt file is set aside, so the next save cannot prune the good one.
+    save_checkpoint(tmp_path, {"n": 3})
+    assert load_latest(tmp_path)[0] == {"n": 3}
+    assert (tmp_path / "checkpoint-00000001.pt").exists()
+
+
+def test_a_flipped_byte_is_detected(tmp_path: Path) -> None:
+    path = save_checkpoint(tmp_path, {"w": torch.zeros(8)})
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpoint, match="checksum mismatch"):
+        read_checkpoint(path)
+    assert load_latest(tmp_path) is None
+
+
+def test_a_write_killed_midway_leaves_only_a_stray_temporary(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path, {"n": 1})
+    (tmp_path / ".checkpoint-00000002.pt.tmp").write_bytes(b"MURMURCK1 half")  # kill -9 during write
+    assert load_latest(tmp_path)[0] == {"n": 1}
+
+
+def test_trainer_resumes_model_optimizer_and_counters(tmp_path: Path) -> None:
+    trainer = Trainer(DigitsTask(), shard=0)
+    for _ in range(3):
+        trainer.step()
+    save_checkpoint(tmp_path, trainer.checkpoint_state())
+    resumed = Trainer(DigitsTask(), shard=0)
+    resumed.restore(load_latest(tmp_path)[0])
+    assert (resumed.samples, resumed.weight) == (96, 96.0)
+    for name, tensor in trainer.snapshot().state.items():
+        torch.testing.assert_close(resumed.snapshot().state[name], tensor)
+    momentum = next(iter(resumed.optimizer.state.values()))["momentum_buffer"]
+    assert momentum.abs().sum() > 0
+
+
+def test_a_checkpoint_of_another_task_is_refused(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path, Trainer(DigitsTask(), shard=0).checkpoint_state())
+    with pytest.raises(ValueError, match="another task"):
+        Trainer(CharLMTask(), shard=0).restore(load_latest(tmp_path)[0])
