@@ -2,8 +2,10 @@
 
 Only peers we have heard from directly (a hello or an exchange) are members;
 peers rumoured by others are candidates until we reach them ourselves, so a dead peer
-that others still list cannot come back. Every method takes `now`; nothing here
-sleeps or does I/O.
+that others still list cannot come back. A member that goes silent becomes dormant:
+it is redialed with exponential backoff for a while (so two halves of a healed
+partition find each other again) and then forgotten. Every method takes `now`;
+nothing here sleeps or does I/O.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class PeerTable:
     liveness_timeout: float
     members: dict[str, PeerEntry] = field(default_factory=dict)
     candidates: dict[str, list[str]] = field(default_factory=dict)
+    dormant: dict[str, list[str]] = field(default_factory=dict)
     _backoff: dict[str, _Backoff] = field(default_factory=dict)
 
     def observe(self, peer_id: str, addrs: list[str], now: float) -> bool:
@@ -45,6 +48,7 @@ class PeerTable:
         if peer_id == self.self_id:
             return False
         self.candidates.pop(peer_id, None)
+        self.dormant.pop(peer_id, None)
         self._backoff.pop(peer_id, None)
         entry = self.members.get(peer_id)
         if entry is None:
@@ -64,30 +68,41 @@ class PeerTable:
                 self.candidates[record.peer_id] = list(record.addrs)
 
     def dial_failed(self, peer_id: str, now: float, base_delay: float = 1.0, max_delay: float = 60.0) -> None:
-        """Back off from `peer_id`: each consecutive failure doubles the wait."""
+        """Back off from `peer_id`: each consecutive failure doubles the wait.
+
+        A dormant peer whose wait reaches `max_delay` is forgotten.
+        """
         self.candidates.pop(peer_id, None)
         previous = self._backoff.get(peer_id)
         delay = min(max_delay, previous.delay * 2) if previous else base_delay
         self._backoff[peer_id] = _Backoff(now + delay, delay)
+        if delay >= max_delay:
+            self.dormant.pop(peer_id, None)
 
     def may_dial(self, peer_id: str, now: float) -> bool:
         backoff = self._backoff.get(peer_id)
         return backoff is None or now >= backoff.retry_at
 
     def forget(self, peer_id: str) -> None:
+        """Drop `peer_id` entirely (it said it is leaving): it will not be redialed."""
         self.members.pop(peer_id, None)
         self.candidates.pop(peer_id, None)
+        self.dormant.pop(peer_id, None)
 
     def expire(self, now: float) -> list[str]:
-        """Drop members not heard from within the liveness timeout; return their IDs."""
+        """Make members silent for longer than the liveness timeout dormant; return their IDs."""
         dead = [p for p, e in self.members.items() if now - e.last_seen > self.liveness_timeout]
         for peer_id in dead:
-            del self.members[peer_id]
+            entry = self.members.pop(peer_id)
+            if len(self.dormant) < MAX_CANDIDATES:
+                self.dormant[peer_id] = entry.addrs
+                self.dial_failed(peer_id, now)
         return dead
 
     def to_contact(self, now: float, limit: int) -> list[tuple[str, list[str]]]:
-        """Whom to greet this round: dialable candidates first, then the stalest members."""
-        picks = [(p, a) for p, a in self.candidates.items() if self.may_dial(p, now)][:limit]
+        """Whom to greet this round: candidates, then dormant peers (both past their backoff), then the stalest members."""
+        waiting = list(self.candidates.items()) + list(self.dormant.items())
+        picks = [(p, a) for p, a in waiting if self.may_dial(p, now)][:limit]
         stale = sorted(self.members.values(), key=lambda e: e.last_seen)
         picks += [(e.peer_id, e.addrs) for e in stale[: max(0, limit - len(picks))]]
         return picks

@@ -45,6 +45,7 @@ MIXES = {
     "mild": [1.0, 1.0, 1.0, 2.0],
     "headline": [1.0, 1.0, 2.0, 4.0],
     "extreme": [1.0, 1.0, 1.0, 10.0],
+    "pair": [1.0, 2.0],  # the smallest swarm, for the harness test
 }
 # Fixed workloads; step_time pads every step to S x step_time ms per 32 samples.
 TASKS = {

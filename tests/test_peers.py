@@ -280,3 +280,36 @@ def test_records_truncate_long_address_lists() -> None:
 
 def test_records_of_an_empty_table_are_empty() -> None:
     assert _table().records(random.Random(0)) == []
+
+
+# --- dormant peers (partition healing) -------------------------------------------
+
+
+def test_expired_member_is_redialed_with_backoff_then_forgotten() -> None:
+    table = _table()
+    table.observe("a", _addr("a"), now=0.0)
+    assert table.expire(now=TIMEOUT + 1) == ["a"]
+    assert table.dormant == {"a": _addr("a")}
+    assert table.to_contact(now=TIMEOUT + 1.5, limit=3) == []  # backing off
+    assert table.to_contact(now=TIMEOUT + 2.0, limit=3) == [("a", _addr("a"))]
+    now = TIMEOUT + 2.0
+    for _ in range(10):  # every redial fails: the wait doubles until the cap, then it is forgotten
+        table.dial_failed("a", now)
+        now += 61
+    assert "a" not in table.dormant
+
+
+def test_dormant_peer_that_answers_is_a_member_again() -> None:
+    table = _table()
+    table.observe("a", _addr("a"), now=0.0)
+    table.expire(now=TIMEOUT + 1)
+    table.observe("a", _addr("a"), now=TIMEOUT + 3)
+    assert "a" in table.members and not table.dormant and table.may_dial("a", TIMEOUT + 3)
+
+
+def test_a_leaving_peer_is_not_kept_dormant() -> None:
+    table = _table()
+    table.observe("a", _addr("a"), now=0.0)
+    table.expire(now=TIMEOUT + 1)
+    table.forget("a")
+    assert not table.dormant and table.to_contact(now=1e6, limit=3) == []
