@@ -254,3 +254,39 @@ class MemoryTransport(Transport):
 
     async def hang_up(self, peer_id: str) -> None:
         return None
+
+
+class FaultInjector(Transport):
+    """Wraps a transport and cuts it off from the peers in `blocked`: a partition inside the node.
+
+    Outbound streams to a blocked peer fail with `TransportError`; inbound streams from
+    one are reset before any handler sees them. Tests and chaos tooling flip `blocked`.
+    """
+
+    def __init__(self, inner: Transport) -> None:
+        self.inner = inner
+        self.peer_id = inner.peer_id
+        self.blocked: set[str] = set()
+
+    def run(self, listen: Sequence[str]) -> AbstractAsyncContextManager[None]:
+        return self.inner.run(listen)
+
+    def addresses(self) -> list[str]:
+        return self.inner.addresses()
+
+    def set_handler(self, protocol: str, handler: StreamHandler) -> None:
+        async def guarded(stream: ByteStream) -> None:
+            if stream.remote_peer in self.blocked:
+                await stream.reset()
+                return
+            await handler(stream)
+
+        self.inner.set_handler(protocol, guarded)
+
+    async def open_stream(self, peer_id: str, addrs: Sequence[str], protocol: str) -> ByteStream:
+        if peer_id in self.blocked:
+            raise TransportError(f"cannot open {protocol} to {peer_id[-8:]}: partitioned (fault injection)")
+        return await self.inner.open_stream(peer_id, addrs, protocol)
+
+    async def hang_up(self, peer_id: str) -> None:
+        await self.inner.hang_up(peer_id)

@@ -1,0 +1,70 @@
+"""A partitioned swarm keeps training in two halves and merges again once the cut heals."""
+
+from pathlib import Path
+
+import anyio
+import pytest
+import torch
+from libp2p.crypto.ed25519 import create_new_key_pair
+
+from node.node import Node, NodeConfig
+from node.transport import FaultInjector, Libp2pTransport
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+
+def distance(a: Node, b: Node) -> float:
+    sa, sb = a.trainer.snapshot().state, b.trainer.snapshot().state
+    return sum(((sa[n] - sb[n]) ** 2).sum().item() for n in sa)
+
+
+async def mean_distance(a: Node, b: Node, samples: int = 10) -> float:
+    """Distance averaged over a second: single readings jump with every merge."""
+    total = 0.0
+    for _ in range(samples):
+        total += distance(a, b)
+        await anyio.sleep(0.1)
+    return total / samples
+
+
+async def wait_until(predicate, timeout: float) -> None:
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.1)
+
+
+async def test_partition_heals_and_consensus_distance_falls(tmp_path: Path) -> None:
+    def make(i: int, bootstrap: list[str]) -> tuple[Node, FaultInjector]:
+        transport = FaultInjector(Libp2pTransport(create_new_key_pair()))
+        config = NodeConfig(
+            data_dir=tmp_path / f"p{i}", listen=["/ip4/127.0.0.1/tcp/0"], bootstrap=bootstrap, step_time_ms=5,
+            gossip_every=0.3, liveness_timeout=2.0, exchange_timeout=2.0, checkpoint_every=1e9,
+        )
+        return Node(config, transport), transport
+
+    async with anyio.create_task_group() as tg:
+        first, t0 = make(0, [])
+        addrs = await tg.start(first.run)
+        nodes, transports = [first], [t0]
+        for i in range(1, 4):
+            node, transport = make(i, [addrs[0]])
+            await tg.start(node.run)
+            nodes.append(node)
+            transports.append(transport)
+        await wait_until(lambda: all(len(n.table.members) == 3 for n in nodes), 30)
+
+        halves = [{nodes[0].peer_id, nodes[1].peer_id}, {nodes[2].peer_id, nodes[3].peer_id}]
+        for node, transport in zip(nodes, transports):
+            transport.blocked = halves[1] if node.peer_id in halves[0] else halves[0]
+        await wait_until(lambda: all(len(n.table.members) == 1 for n in nodes), 30)
+        await anyio.sleep(4)  # both halves keep training apart
+        apart, within = await mean_distance(nodes[0], nodes[2]), await mean_distance(nodes[0], nodes[1])
+        assert apart > 2 * within  # the halves drift apart while each half stays mixed
+
+        for transport in transports:
+            transport.blocked = set()
+        await wait_until(lambda: all(len(n.table.members) == 3 for n in nodes), 60)  # dormant peers redialed
+        await anyio.sleep(2)
+        healed = await mean_distance(nodes[0], nodes[2])
+        assert healed < apart / 2, (apart, within, healed)
+        tg.cancel_scope.cancel()
