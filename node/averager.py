@@ -154,6 +154,10 @@ class Averager:
             reason = f"{type(exc).__name__}: {exc}"
         except TransportError as exc:
             reason = str(exc)
+        except anyio.get_cancelled_exc_class():
+            if stream is not None:  # shutting down: tell the partner now rather than at its timeout
+                await stream.reset()
+            raise
         finally:
             self.in_exchange = False
         if stream is not None:
@@ -208,6 +212,9 @@ class Averager:
             reason = f"{type(exc).__name__}: {exc}"
         except TransportError as exc:
             reason = str(exc)
+        except anyio.get_cancelled_exc_class():
+            await stream.reset()
+            raise
         finally:
             if claimed:
                 self.in_exchange = False

@@ -195,6 +195,7 @@ class Node:
             "mean_exchange_s": sum(o.duration_s for o in merged) / len(merged) if merged else None,
             "bytes_sent": self.averager.bytes_sent,
             "known_peers": len(self.table.members),
+            "peers": sorted(self.table.members),
             "compute_fraction": self.stats.compute_fraction(now),
             "eval_fraction": self.stats.eval_s / elapsed if elapsed else 0.0,
         }

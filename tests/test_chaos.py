@@ -1,0 +1,18 @@
+"""The short chaos run: SIGKILL churn in a swarm of processes stalls and corrupts no one."""
+
+from pathlib import Path
+
+import pytest
+
+from scripts.chaos import run_chaos
+
+pytestmark = pytest.mark.slow
+
+
+def test_short_chaos_run(tmp_path: Path) -> None:
+    report = run_chaos(peers=4, duration=25.0, kill_every=5.0, out=tmp_path)
+    assert report["churn"]["kills"] >= 3
+    assert report["failures"] == [], report
+    # Processes stopped by SIGTERM exit 0; the SIGKILLed ones report -9.
+    assert set(report["churn"]["exit_codes"]) <= {0, -9}
+    assert set(report["calm"]["exit_codes"]) == {0}
