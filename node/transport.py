@@ -11,6 +11,7 @@ side; every transport failure surfaces as `TransportError`.
 from __future__ import annotations
 
 import abc
+import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -21,6 +22,7 @@ from anyio.abc import TaskGroup
 from libp2p.crypto.keys import KeyPair
 from libp2p.host.basic_host import BasicHost
 from libp2p.network.stream.exceptions import StreamEOF
+from libp2p.abc import INetConn, INetwork, INotifee
 from libp2p.network.stream.net_stream import INetStream
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
@@ -29,6 +31,7 @@ from libp2p.utils.address_validation import expand_wildcard_address
 from node.host import build_host
 
 READ_CHUNK = 1 << 20
+log = logging.getLogger("murmur.transport")
 
 
 class TransportError(Exception):
@@ -120,12 +123,36 @@ class _Libp2pStream(ByteStream):
                 pass
 
 
+class _ConnectionGate(INotifee):
+    """Closes a new connection at once when `refuse(peer_id)` gives a reason."""
+
+    def __init__(self, refuse: Callable[[str], str | None]) -> None:
+        self.refuse = refuse
+
+    async def connected(self, network: INetwork, conn: INetConn) -> None:
+        peer_id = conn.muxed_conn.peer_id
+        reason = self.refuse(peer_id.to_base58())
+        if reason:
+            log.warning("closed connection from %s: %s", peer_id.to_base58()[-8:], reason)
+            await network.close_peer(peer_id)
+
+    async def opened_stream(self, network: INetwork, stream: INetStream) -> None: ...
+    async def closed_stream(self, network: INetwork, stream: INetStream) -> None: ...
+    async def disconnected(self, network: INetwork, conn: INetConn) -> None: ...
+    async def listen(self, network: INetwork, multiaddr: multiaddr.Multiaddr) -> None: ...
+    async def listen_close(self, network: INetwork, multiaddr: multiaddr.Multiaddr) -> None: ...
+
+
 class Libp2pTransport(Transport):
     """The real transport: a Noise-only py-libp2p host over TCP with yamux."""
 
-    def __init__(self, key_pair: KeyPair) -> None:
-        self.host: BasicHost = build_host(key_pair)
+    def __init__(self, key_pair: KeyPair, *, max_connections: int = 300) -> None:
+        self.host: BasicHost = build_host(key_pair, max_connections=max_connections)
         self.peer_id = self.host.get_id().to_base58()
+
+    def gate_connections(self, refuse: Callable[[str], str | None]) -> None:
+        """Close every new connection whose peer ID `refuse` gives a reason for."""
+        self.host.get_network().register_notifee(_ConnectionGate(refuse))
 
     @asynccontextmanager
     async def run(self, listen: Sequence[str]) -> AsyncIterator[None]:

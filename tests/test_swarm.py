@@ -46,3 +46,24 @@ def test_sigint_stops_a_lone_node_with_status_zero(tmp_path: Path) -> None:
     peers[0].process.send_signal(signal.SIGINT)
     assert peers[0].process.wait(timeout=30) == 0
     assert "Traceback" not in (peers[0].data_dir / "log.txt").read_text()
+
+
+def test_graceful_leave_checkpoints_and_neighbours_drop_the_peer_at_once(tmp_path: Path) -> None:
+    # A long liveness timeout: neighbours can only drop the peer this fast because it said goodbye.
+    extra = ["--task", "digits", "--step-time", "20", "--liveness-timeout", "120"]
+    peers = start_swarm(tmp_path, [1, 1, 1], extra)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all((p.status() or {}).get("known_peers") == 2 for p in peers):
+            time.sleep(0.5)
+        leaver = peers[2]
+        leaver_id = leaver.status()["peer_id"]
+        leaver.process.send_signal(signal.SIGTERM)
+        assert leaver.process.wait(timeout=30) == 0
+        assert list((leaver.data_dir / "checkpoints").glob("checkpoint-*.pt"))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(leaver_id in (p.status() or {}).get("peers", []) for p in peers[:2]):
+            time.sleep(0.5)
+        assert all(leaver_id not in p.status()["peers"] for p in peers[:2])
+    finally:
+        assert stop_swarm(peers)[:2] == [0, 0]

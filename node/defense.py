@@ -1,0 +1,101 @@
+"""Robust merging: what a partner may claim and how far its model may pull ours.
+
+Both checks are pure (pass `now`) and return a value plus the reason, which the
+averager logs and, for clear offences, turns into a strike against the peer.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The work weight we credit a partner with, why, and whether the claim was an offence."""
+
+    weight: float
+    reason: str
+    offence: bool = False
+
+
+@dataclass
+class WorkClaimLimiter:
+    """Caps a partner's claimed work weight at what is plausible.
+
+    Push-sum weights of honest peers stay within a small factor of each other, so a
+    claim may exceed `ratio` × our own weight only by what the partner could have
+    computed since its last claim (`max_rate` samples/s), and never `ceiling`. A claim
+    over `offence_factor` × that cap is an offence (strike).
+    """
+
+    ratio: float = 4.0
+    max_rate: float = 1e5
+    ceiling: float = 1e12
+    offence_factor: float = 25.0
+    min_local: float = 32.0
+    _last: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def credit(self, peer_id: str, claimed: float, local_weight: float, now: float) -> Claim:
+        previous = self._last.get(peer_id)
+        growth = (now - previous[0]) * self.max_rate if previous else 0.0
+        cap = min(self.ceiling, self.ratio * max(local_weight, self.min_local) + growth)
+        self._last[peer_id] = (now, min(claimed, cap))
+        if claimed <= cap:
+            return Claim(claimed, "claim plausible")
+        offence = claimed > self.offence_factor * cap
+        return Claim(cap, f"claimed work {claimed:.3g} capped at {cap:.3g} (ours {local_weight:.3g})", offence)
+
+
+@dataclass(frozen=True)
+class Screening:
+    """A partner's model after screening: None if rejected, with the reason."""
+
+    remote: dict[str, torch.Tensor] | None
+    reason: str
+    distance: float
+
+
+def _distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
+    return math.sqrt(sum(((a[n] - b[n]) ** 2).sum().item() for n in a))
+
+
+@dataclass
+class ClippedGossip:
+    """Clip a partner's pull to a radius learned from recent honest distances; reject outliers.
+
+    With fewer than `min_history` accepted distances the radius is unknown, so a model
+    farther than `bootstrap_ratio` × the norm of our own is rejected outright (a ×1000
+    model or random noise). Afterwards the radius is `clip_factor` × the median recent
+    distance, and a model farther than `reject_factor` × that median is rejected.
+    """
+
+    clip_factor: float = 3.0
+    reject_factor: float = 30.0
+    bootstrap_ratio: float = 1.0
+    min_history: int = 8
+    history: deque[float] = field(default_factory=lambda: deque(maxlen=64))
+
+    def screen(self, local: Mapping[str, torch.Tensor], remote: Mapping[str, torch.Tensor]) -> Screening:
+        distance = _distance(local, remote)
+        if len(self.history) < self.min_history:
+            norm = math.sqrt(sum((t**2).sum().item() for t in local.values()))
+            if distance > self.bootstrap_ratio * max(norm, 1.0):
+                return Screening(None, f"model is {distance:.3g} away, more than {self.bootstrap_ratio:g}x our norm {norm:.3g}", distance)
+            self.history.append(distance)
+            return Screening(dict(remote), "accepted", distance)
+        median = statistics.median(self.history)
+        if distance > self.reject_factor * median:
+            return Screening(None, f"model is {distance:.3g} away, {distance / median:.0f}x the median distance {median:.3g}", distance)
+        radius = self.clip_factor * median
+        self.history.append(min(distance, radius))
+        if distance <= radius:
+            return Screening(dict(remote), "accepted", distance)
+        scale = radius / distance
+        clipped = {n: local[n] + (remote[n] - local[n]) * scale for n in local}
+        return Screening(clipped, f"clipped from {distance:.3g} to radius {radius:.3g}", distance)

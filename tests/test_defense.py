@@ -1,0 +1,57 @@
+import torch
+
+from node.defense import ClippedGossip, WorkClaimLimiter
+
+
+def model(scale: float = 1.0, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(20, 5, generator=g) * scale, "b": torch.randn(5, generator=g) * scale}
+
+
+def nudge(m: dict[str, torch.Tensor], size: float, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {n: t + size * torch.randn(t.shape, generator=g) for n, t in m.items()}
+
+
+def test_plausible_claims_pass_and_inflated_ones_are_capped_and_flagged() -> None:
+    limiter = WorkClaimLimiter(ratio=4.0, max_rate=100.0)
+    assert limiter.credit("p", 900.0, local_weight=1000.0, now=0.0).reason == "claim plausible"
+    capped = limiter.credit("q", 5000.0, local_weight=1000.0, now=0.0)
+    assert (capped.weight, capped.offence) == (4000.0, False)
+    assert capped.reason == "claimed work 5e+03 capped at 4e+03 (ours 1e+03)"
+    inflated = limiter.credit("r", 1000.0 * 1000, local_weight=1000.0, now=0.0)
+    assert inflated.weight == 4000.0 and inflated.offence
+
+
+def test_claims_may_grow_by_what_the_peer_could_compute_meanwhile() -> None:
+    limiter = WorkClaimLimiter(ratio=4.0, max_rate=100.0)
+    limiter.credit("p", 100.0, local_weight=100.0, now=0.0)
+    assert limiter.credit("p", 400.0 + 1000.0, local_weight=100.0, now=10.0).weight == 1400.0
+    assert limiter.credit("p", 1e9, local_weight=100.0, now=10.0).weight == 400.0
+
+
+def test_ceiling_caps_every_claim() -> None:
+    assert WorkClaimLimiter(ceiling=50.0).credit("p", 1e6, local_weight=1e6, now=0.0).weight == 50.0
+
+
+def test_scaled_and_noise_models_are_rejected_before_any_history() -> None:
+    screen = ClippedGossip()
+    local = model()
+    assert screen.screen(local, {n: t * 1000 for n, t in local.items()}).remote is None
+    noise = screen.screen(local, model(scale=30.0, seed=1))
+    assert noise.remote is None and "more than 1x our norm" in noise.reason
+    assert screen.screen(local, nudge(local, 0.01, 2)).reason == "accepted"
+
+
+def test_far_models_are_clipped_to_the_learned_radius_and_outliers_rejected() -> None:
+    screen = ClippedGossip(clip_factor=3.0, reject_factor=30.0, min_history=4)
+    local = model()
+    for seed in range(4):
+        assert screen.screen(local, nudge(local, 0.01, seed)).reason == "accepted"
+    far = nudge(local, 0.1, 9)  # ~10x the usual distance: clipped, not rejected
+    result = screen.screen(local, far)
+    assert result.reason.startswith("clipped from")
+    pulled = sum(((result.remote[n] - local[n]) ** 2).sum() for n in local).sqrt().item()
+    assert pulled < result.distance / 2
+    outlier = screen.screen(local, nudge(local, 1.0, 10))  # ~100x: rejected
+    assert outlier.remote is None and "the median distance" in outlier.reason
