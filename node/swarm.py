@@ -48,11 +48,14 @@ def murmur_command() -> list[str]:
     return [sys.executable, "-m", "node.cli"]
 
 
-def start_peer(index: int, root: Path, slowdown: float, extra: list[str], bootstrap: str | None) -> Peer:
+def start_peer(
+    index: int, root: Path, slowdown: float, extra: list[str], bootstrap: str | None, command: list[str] | None = None
+) -> Peer:
+    """Start `murmur run` (or `command`, e.g. an adversary) as peer `index` under `root`."""
     data_dir = root / f"peer-{index}"
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / "addrs.txt").unlink(missing_ok=True)
-    args = murmur_command() + [
+    args = (command or murmur_command()) + [
         "run", "--data-dir", str(data_dir), "--listen", "/ip4/127.0.0.1/tcp/0",
         "--addr-file", str(data_dir / "addrs.txt"), "--slowdown", str(slowdown), *extra,
     ]

@@ -1,0 +1,58 @@
+"""A malicious Murmur peer, for attack tests: `murmur run` that lies in its exchanges.
+
+    python scripts/adversary.py --attack scale|noise|nan|work run --bootstrap … [murmur run options]
+
+scale  sends its parameters ×1000        noise  sends random N(0, 1) parameters
+nan    sends parameters holding NaN      work   claims 1000× its real work weight
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+import node.averager  # noqa: E402
+from node.cli import main as murmur_main  # noqa: E402
+from node.trainer import Snapshot, Trainer  # noqa: E402
+
+ATTACKS = ("scale", "noise", "nan", "work")
+
+
+def poison(attack: str) -> None:
+    """Patch this process's node so that what it sends is poisoned by `attack`."""
+    honest_encode = node.averager.encode_state
+    honest_snapshot = Trainer.snapshot
+
+    def encode(state: dict, spec: object) -> bytes:
+        if attack == "scale":
+            state = {n: t * 1000 for n, t in state.items()}
+        elif attack == "noise":
+            state = {n: torch.randn_like(t) for n, t in state.items()}
+        elif attack == "nan":
+            state = {n: torch.full_like(t, float("nan")) for n, t in state.items()}
+        return honest_encode(state, spec)
+
+    def snapshot(self: Trainer) -> Snapshot:
+        honest = honest_snapshot(self)
+        return Snapshot(honest.state, honest.weight * 1000) if attack == "work" else honest
+
+    node.averager.encode_state = encode
+    Trainer.snapshot = snapshot
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2 or argv[0] != "--attack" or argv[1] not in ATTACKS:
+        print(__doc__, file=sys.stderr)
+        return 2
+    poison(argv[1])
+    return murmur_main(argv[2:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
