@@ -17,19 +17,23 @@ from dataclasses import dataclass
 
 import anyio
 
+from node.defense import ClippedGossip, WorkClaimLimiter
 from node.merge import WeightingPolicy, merge_delta
 from node.peers import PeerTable
 from node.trainer import Snapshot, Trainer
 from node.transport import ByteStream, Transport, TransportError
 from node.wire import Conversation
 from protocol.codec import decode_state, encode_state
-from protocol.errors import ProtocolError
+from node.security import BanList
+from protocol.errors import FrameTooLarge, MalformedMessage, NonFiniteTensor, ProtocolError, ProtocolViolation, TensorMismatch
 from protocol.exchange import AVERAGE, STATE_SYNC, Exchange, Role
 from protocol.messages import Abort, Accept, Busy, Commit, Offer, Params, Refuse, StateReply, StateRequest
 
 AVERAGE_PROTOCOL = "/murmur/average/1.0.0"
 STATE_PROTOCOL = "/murmur/state/1.0.0"
 log = logging.getLogger("murmur.averager")
+# Errors only a faulty or hostile peer causes; each is a strike (timeouts and resets are not).
+OFFENCES = (FrameTooLarge, MalformedMessage, ProtocolViolation, TensorMismatch, NonFiniteTensor)
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,7 @@ class Averager:
         *,
         exchange_timeout: float,
         rng: random.Random,
+        bans: BanList | None = None,
     ) -> None:
         self.transport = transport
         self.trainer = trainer
@@ -86,12 +91,38 @@ class Averager:
         self.recent: deque[Outcome] = deque(maxlen=32)
         self.bytes_sent = 0
         self._max_params = trainer.spec.encoded_size
+        self.bans = bans or BanList()
+        self.claims = WorkClaimLimiter()
+        self.screening = ClippedGossip()
+        self._created = time.monotonic()
+
+    def local_rate(self) -> float:
+        """This peer's own samples/s since start: the yardstick for partners' claims."""
+        return self.trainer.samples / max(1.0, time.monotonic() - self._created)
+
+    async def _offence(self, peer_id: str, reason: str) -> None:
+        """Strike `peer_id`; once banned, forget it and hang up."""
+        if self.bans.strike(peer_id, reason):
+            self.table.forget(peer_id)
+            await self.transport.hang_up(peer_id)
+
+    async def _vet(self, peer_id: str, snapshot: Snapshot, remote: dict, claimed: float) -> tuple[dict | None, float, str]:
+        """Screen a partner's model and work claim: (model to merge or None, credited weight, reason)."""
+        claim = self.claims.credit(peer_id, claimed, snapshot.weight, self.local_rate(), time.time())
+        if claim.offence:
+            await self._offence(peer_id, claim.reason)
+        if snapshot.weight == 0:  # a newcomer adopts; it has no model of its own to defend
+            return remote, claim.weight, claim.reason
+        screening = await anyio.to_thread.run_sync(self.screening.screen, snapshot.state, remote)
+        if screening.remote is None:
+            await self._offence(peer_id, f"rejected model: {screening.reason}")
+        return screening.remote, claim.weight, screening.reason
 
     def _record(self, outcome: Outcome) -> Outcome:
         self.outcomes[outcome.result] += 1
         self.recent.append(outcome)
         self.bytes_sent += outcome.bytes_sent
-        level = logging.INFO if outcome.result in ("merged", "refused") else logging.DEBUG
+        level = logging.INFO if outcome.result in ("merged", "refused", "rejected") else logging.DEBUG
         log.log(level, "exchange with %s: %s (%s) in %.3fs", outcome.partner[-8:], outcome.result, outcome.reason, outcome.duration_s)
         return outcome
 
@@ -143,15 +174,23 @@ class Averager:
                 reply = await conv.receive()
                 assert isinstance(reply, Params)
                 remote = await anyio.to_thread.run_sync(decode_state, reply.payload, self.trainer.spec)
+                vetted, credited, verdict = await self._vet(peer_id, snapshot, remote, answer.work)
+                if vetted is None:
+                    await conv.send(Abort(f"your model was rejected: {verdict}"))
+                    await stream.close()
+                    return self._record(Outcome("rejected", peer_id, verdict, time.perf_counter() - start, bytes_sent=sent))
                 await conv.send(Commit())
                 await stream.close()
-                decision = self.policy.mix(snapshot.weight, answer.work)
+                remote = vetted
+                decision = self.policy.mix(snapshot.weight, credited)
                 await self._apply(snapshot, remote, decision.remote_share, decision.weight_after)
                 return self._record(Outcome("merged", peer_id, decision.reason, time.perf_counter() - start, decision.remote_share, sent))
         except TimeoutError:
             reason = f"timed out after {self.exchange_timeout:g}s"
         except ProtocolError as exc:
             reason = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, OFFENCES):
+                await self._offence(peer_id, reason)
         except TransportError as exc:
             reason = str(exc)
         except anyio.get_cancelled_exc_class():
@@ -195,13 +234,19 @@ class Averager:
                 except ProtocolError as exc:
                     await conv.send(Abort(f"{type(exc).__name__}: {exc}"))
                     raise
+                vetted, credited, verdict = await self._vet(peer_id, snapshot, remote, offer.work)
+                if vetted is None:
+                    await conv.send(Abort(f"your model was rejected: {verdict}"))
+                    await stream.close()
+                    self._record(Outcome("rejected", peer_id, verdict, time.perf_counter() - start))
+                    return
                 payload = await anyio.to_thread.run_sync(encode_state, snapshot.state, self.trainer.spec)
                 await conv.send(Params(payload))
                 sent = len(payload)
                 commit = await conv.receive()
                 assert isinstance(commit, Commit)
-                decision = self.policy.mix(snapshot.weight, offer.work)
-                await self._apply(snapshot, remote, decision.remote_share, decision.weight_after)
+                decision = self.policy.mix(snapshot.weight, credited)
+                await self._apply(snapshot, vetted, decision.remote_share, decision.weight_after)
                 self.table.observe(peer_id, [], time.monotonic())
                 self._record(Outcome("merged", peer_id, decision.reason, time.perf_counter() - start, decision.remote_share, sent))
                 await stream.close()
@@ -210,6 +255,8 @@ class Averager:
             reason = f"timed out after {self.exchange_timeout:g}s"
         except ProtocolError as exc:
             reason = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, OFFENCES):
+                await self._offence(peer_id, reason)
         except TransportError as exc:
             reason = str(exc)
         except anyio.get_cancelled_exc_class():

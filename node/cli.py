@@ -33,6 +33,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard", type=int, default=None, help="data shard / seed (default: derived from the peer id)")
     p.add_argument("--no-state-sync", action="store_true", help="do not pull the swarm's model before the first step")
     p.add_argument("--checkpoint-every", type=float, default=30.0, metavar="SECONDS", help="checkpoint this often (and on exit)")
+    p.add_argument("--allow-peers", type=Path, default=None, metavar="FILE", help="only these peer IDs (one per line) may connect")
+    p.add_argument("--swarm-secret-file", type=Path, default=None, metavar="FILE", help="shared secret that Murmur streams must prove")
+    p.add_argument("--max-connections", type=int, default=300, help="connection limit (inbound + outbound)")
     p.add_argument("--start-at", type=float, default=None, metavar="UNIX_TIME", help="join first, start training at this time")
     p.add_argument("--record-params", action="store_true", help="save the parameters at every evaluation (benchmarks)")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
@@ -92,7 +95,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         weighting=args.weighting, average_every=args.average_every, exchange_timeout=args.exchange_timeout,
         liveness_timeout=args.liveness_timeout, eval_every=args.eval_every, duration=args.duration,
         shard=args.shard, sync_state=not args.no_state_sync, start_at=args.start_at, record_params=args.record_params,
-        checkpoint_every=args.checkpoint_every,
+        checkpoint_every=args.checkpoint_every, allow_peers=args.allow_peers,
+        swarm_secret_file=args.swarm_secret_file, max_connections=args.max_connections,
     )
     anyio.run(_run_until_signal, config, key_pair, backend="trio")
     return 0

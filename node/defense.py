@@ -30,22 +30,26 @@ class WorkClaimLimiter:
 
     Push-sum weights of honest peers stay within a small factor of each other, so a
     claim may exceed `ratio` × our own weight only by what the partner could have
-    computed since its last claim (`max_rate` samples/s), and never `ceiling`. A claim
-    over `offence_factor` × that cap is an offence (strike).
+    computed since its last claim at `speed_factor` × our own rate, and never
+    `ceiling`. A claim over `offence_factor` × that cap is an offence (strike).
     """
 
     ratio: float = 4.0
-    max_rate: float = 1e5
+    speed_factor: float = 16.0
     ceiling: float = 1e12
     offence_factor: float = 25.0
     min_local: float = 32.0
-    _last: dict[str, tuple[float, float]] = field(default_factory=dict)
+    _last: dict[str, float] = field(default_factory=dict)
 
-    def credit(self, peer_id: str, claimed: float, local_weight: float, now: float) -> Claim:
+    def credit(self, peer_id: str, claimed: float, local_weight: float, local_rate: float, now: float) -> Claim:
+        """The weight to credit `peer_id` for `claimed`, given our weight and samples/s."""
         previous = self._last.get(peer_id)
-        growth = (now - previous[0]) * self.max_rate if previous else 0.0
+        growth = (now - previous) * self.speed_factor * max(local_rate, 1.0) if previous is not None else 0.0
         cap = min(self.ceiling, self.ratio * max(local_weight, self.min_local) + growth)
-        self._last[peer_id] = (now, min(claimed, cap))
+        self._last[peer_id] = now
+        if local_weight < self.min_local:
+            # No yardstick yet (we are new); a newcomer adopts its partner's model anyway.
+            return Claim(min(claimed, self.ceiling), "no yardstick: our own weight is still tiny")
         if claimed <= cap:
             return Claim(claimed, "claim plausible")
         offence = claimed > self.offence_factor * cap

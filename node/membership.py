@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 
 import anyio
 
-from node.averager import TaskIdentity
+from node.averager import OFFENCES, TaskIdentity
+from node.security import BanList
 from node.peers import PeerTable
 from node.transport import ByteStream, Transport, TransportError
 from node.wire import Conversation
@@ -49,6 +50,7 @@ class Membership:
         rng: random.Random,
         hello_timeout: float = 3.0,
         clock: Callable[[], float] = time.monotonic,
+        bans: BanList | None = None,
     ) -> None:
         self.transport = transport
         self.table = table
@@ -57,6 +59,7 @@ class Membership:
         self.hello_timeout = hello_timeout
         self.clock = clock
         self.leaving = False
+        self.bans = bans or BanList()
 
     def _hello(self) -> Hello:
         return Hello(self.identity.run_id, self.identity.fingerprint, self.transport.addresses(), self.table.records(self.rng), self.leaving)
@@ -92,6 +95,8 @@ class Membership:
                 return
         except (TimeoutError, ProtocolError, TransportError) as exc:
             log.debug("hello from %s failed: %r", stream.remote_peer[-8:], exc)
+            if isinstance(exc, OFFENCES):
+                self.bans.strike(stream.remote_peer, f"{type(exc).__name__}: {exc}")
         await stream.reset()
 
     async def greet(self, peer_id: str, addrs: Sequence[str]) -> str:

@@ -27,13 +27,15 @@ from node.merge import make_policy
 from node.peers import PeerTable
 from node.tasks import load_task
 from node.trainer import Pacing, Trainer, TrainStats, train
-from node.transport import Transport
+from node.security import BanList, GuardedTransport, load_allow_list, load_secret
+from node.transport import Libp2pTransport, Transport
 
 log = logging.getLogger("murmur.node")
 STATUS_FILE = "status.json"
 METRICS_FILE = "metrics.jsonl"
 PARAMS_FILE = "params.pt"
 CHECKPOINT_DIR = "checkpoints"
+BANS_FILE = "bans.json"
 
 
 @dataclass
@@ -60,7 +62,10 @@ class NodeConfig:
     start_at: float | None = None  # Unix time to start training (benchmarks start peers together)
     checkpoint_every: float = 30.0  # seconds; also on exit
     catch_up_ratio: float = 2.0  # a resumed node adopts a peer's model carrying this many times its work
-    record_params: bool = False  # keep the parameters at every evaluation, saved to params.pt on exit
+    record_params: bool = False
+    allow_peers: Path | None = None  # peer-ID allow-list file
+    swarm_secret_file: Path | None = None
+    max_connections: int = 300  # keep the parameters at every evaluation, saved to params.pt on exit
 
 
 def _shard_of(peer_id: str) -> int:
@@ -68,7 +73,7 @@ def _shard_of(peer_id: str) -> int:
 
 
 class Node:
-    def __init__(self, config: NodeConfig, transport: Transport) -> None:
+    def __init__(self, config: NodeConfig, transport: Transport, bans: BanList | None = None) -> None:
         self.config = config
         self.transport = transport
         self.peer_id = transport.peer_id
@@ -79,10 +84,11 @@ class Node:
         self.identity = TaskIdentity(config.run_id or task.name, self.trainer.fingerprint)
         self.rng = random.Random(shard)
         self.table = PeerTable(self.peer_id, config.liveness_timeout)
-        self.membership = Membership(transport, self.table, self.identity, rng=self.rng)
+        self.bans = bans or BanList()
+        self.membership = Membership(transport, self.table, self.identity, rng=self.rng, bans=self.bans)
         self.averager = Averager(
             transport, self.trainer, self.table, make_policy(config.weighting), self.identity,
-            exchange_timeout=config.exchange_timeout, rng=self.rng,
+            exchange_timeout=config.exchange_timeout, rng=self.rng, bans=self.bans,
         )
         self.stats = TrainStats()
         self.param_history: list[tuple[float, torch.Tensor]] = []
@@ -210,10 +216,23 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def build_transport(config: NodeConfig, key_pair: KeyPair, bans: BanList) -> GuardedTransport:
+    """The node's libp2p transport behind its allow-list, swarm secret, bans and limits."""
+    inner = Libp2pTransport(key_pair, max_connections=config.max_connections)
+    guarded = GuardedTransport(
+        inner,
+        allow=load_allow_list(config.allow_peers) if config.allow_peers else None,
+        secret=load_secret(config.swarm_secret_file) if config.swarm_secret_file else None,
+        bans=bans,
+    )
+    inner.gate_connections(guarded.refusal)
+    return guarded
+
+
 async def run_node(config: NodeConfig, key_pair: KeyPair) -> Node:
     """Build a libp2p node for `config` and run it until cancelled or its duration ends."""
-    from node.transport import Libp2pTransport
-
-    node = Node(config, Libp2pTransport(key_pair))
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    bans = BanList(config.data_dir / BANS_FILE)
+    node = Node(config, build_transport(config, key_pair, bans), bans)
     await node.run()
     return node

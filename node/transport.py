@@ -128,12 +128,15 @@ class _ConnectionGate(INotifee):
 
     def __init__(self, refuse: Callable[[str], str | None]) -> None:
         self.refuse = refuse
+        self._logged: set[tuple[str, str]] = set()
 
     async def connected(self, network: INetwork, conn: INetConn) -> None:
         peer_id = conn.muxed_conn.peer_id
         reason = self.refuse(peer_id.to_base58())
         if reason:
-            log.warning("closed connection from %s: %s", peer_id.to_base58()[-8:], reason)
+            if (peer_id.to_base58(), reason) not in self._logged:  # once per peer and reason
+                self._logged.add((peer_id.to_base58(), reason))
+                log.warning("closing connections from %s: %s", peer_id.to_base58()[-8:], reason)
             await network.close_peer(peer_id)
 
     async def opened_stream(self, network: INetwork, stream: INetStream) -> None: ...

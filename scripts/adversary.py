@@ -8,6 +8,7 @@ nan    sends parameters holding NaN      work   claims 1000× its real work weig
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -18,8 +19,9 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 import node.averager  # noqa: E402
+import protocol.exchange  # noqa: E402
+from protocol.messages import Accept, Message, Offer, StateReply  # noqa: E402
 from node.cli import main as murmur_main  # noqa: E402
-from node.trainer import Snapshot, Trainer  # noqa: E402
 
 ATTACKS = ("scale", "noise", "nan", "work")
 
@@ -27,7 +29,7 @@ ATTACKS = ("scale", "noise", "nan", "work")
 def poison(attack: str) -> None:
     """Patch this process's node so that what it sends is poisoned by `attack`."""
     honest_encode = node.averager.encode_state
-    honest_snapshot = Trainer.snapshot
+    honest_frame = protocol.exchange.encode_frame
 
     def encode(state: dict, spec: object) -> bytes:
         if attack == "scale":
@@ -38,12 +40,13 @@ def poison(attack: str) -> None:
             state = {n: torch.full_like(t, float("nan")) for n, t in state.items()}
         return honest_encode(state, spec)
 
-    def snapshot(self: Trainer) -> Snapshot:
-        honest = honest_snapshot(self)
-        return Snapshot(honest.state, honest.weight * 1000) if attack == "work" else honest
+    def frame(message: Message) -> bytes:
+        if attack == "work" and isinstance(message, (Offer, Accept, StateReply)):
+            message = dataclasses.replace(message, work=message.work * 1000)  # lie on the wire only
+        return honest_frame(message)
 
     node.averager.encode_state = encode
-    Trainer.snapshot = snapshot
+    protocol.exchange.encode_frame = frame
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,58 @@
+"""One malicious peer among honest ones: honest peers keep learning and ban it."""
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from node.swarm import Peer, start_peer, start_swarm, stop_swarm, wait_for_address
+
+pytestmark = pytest.mark.slow
+DURATION = 15.0
+EXTRA = ["--task", "digits", "--step-time", "20", "--duration", str(DURATION)]
+ADVERSARY = [sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "adversary.py")]
+
+
+def final_accuracy(peers: list[Peer]) -> float:
+    """The median peer's accuracy averaged over its last 3 evaluations (one reading is noisy)."""
+    return statistics.median(statistics.mean(r["accuracy"] for r in p.metrics()[-3:]) for p in peers)
+
+
+def run(root: Path, attack: str | None) -> tuple[list[Peer], Peer | None]:
+    honest = start_swarm(root, [1, 1, 2, 4], EXTRA)
+    attacker = None
+    if attack:
+        bootstrap = wait_for_address(honest[0])
+        attacker = start_peer(9, root, 1, EXTRA, bootstrap, command=ADVERSARY + ["--attack", attack])
+    everyone = honest + ([attacker] if attacker else [])
+    deadline = time.monotonic() + DURATION + 40
+    while time.monotonic() < deadline and any(p.process.poll() is None for p in honest):
+        time.sleep(0.5)
+    stop_swarm(everyone)
+    return honest, attacker
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> float:
+    honest, _ = run(tmp_path_factory.mktemp("calm"), None)
+    return final_accuracy(honest)
+
+
+@pytest.mark.parametrize("attack", ["scale", "noise", "nan", "work"])
+def test_honest_peers_keep_learning_and_ban_the_attacker(attack: str, baseline: float, tmp_path: Path) -> None:
+    honest, attacker = run(tmp_path, attack)
+    assert all(p.process.returncode == 0 for p in honest)
+    accuracy = final_accuracy(honest)
+    assert accuracy >= baseline - 0.01, (accuracy, baseline)
+    attacker_id = attacker.status()["peer_id"]
+    bans = [p.data_dir / "bans.json" for p in honest]
+    banned_by = [b for b in bans if b.exists() and attacker_id in json.loads(b.read_text())]
+    # Once most peers ban it, the attacker rarely reaches the rest within the run.
+    assert len(banned_by) > len(honest) / 2, f"banned by {len(banned_by)} of {len(honest)}"
+    if attack != "work":  # a work liar's parameters are honest; everything else must never be merged
+        merged = [line for p in honest for line in (p.data_dir / "log.txt").read_text().splitlines()
+                  if f"exchange with {attacker_id[-8:]}: merged" in line]
+        assert not merged, merged[:3]
