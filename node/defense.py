@@ -81,7 +81,7 @@ class ClippedGossip:
 
     clip_factor: float = 3.0
     reject_factor: float = 30.0
-    bootstrap_ratio: float = 1.0
+    bootstrap_ratio: float = 3.0
     min_history: int = 8
     history: deque[float] = field(default_factory=lambda: deque(maxlen=64))
 
