@@ -90,6 +90,7 @@ class Averager:
         self.outcomes: Counter[str] = Counter()
         self.recent: deque[Outcome] = deque(maxlen=32)
         self.bytes_sent = 0
+        self.typical_exchange_s = 0.0  # moving average of this node's completed exchanges
         self._max_params = trainer.spec.encoded_size
         self.bans = bans or BanList()
         self.claims = WorkClaimLimiter()
@@ -126,11 +127,19 @@ class Averager:
         log.log(level, "exchange with %s: %s (%s) in %.3fs", outcome.partner[-8:], outcome.result, outcome.reason, outcome.duration_s)
         return outcome
 
-    async def run(self, period: float, max_attempts: int = 3) -> None:
-        """Every `period` seconds (jittered), try up to `max_attempts` partners until one merges."""
+    async def run(self, period: float, max_attempts: int = 3, max_share: float = 0.1) -> None:
+        """Every `period` seconds (jittered), try up to `max_attempts` partners until one merges.
+
+        The period stretches so that exchanges take at most `max_share` of wall time:
+        a big model's exchange costs real CPU (Noise encryption, codec), which would
+        otherwise be taken from training.
+        """
         while True:
-            await anyio.sleep(period * self.rng.uniform(0.5, 1.5))
-            await self.average_once(max_attempts)
+            wait = max(period, self.typical_exchange_s / max_share)
+            await anyio.sleep(wait * self.rng.uniform(0.5, 1.5))
+            outcome = await self.average_once(max_attempts)
+            if outcome.result == "merged":
+                self.typical_exchange_s += 0.2 * (outcome.duration_s - self.typical_exchange_s)
 
     async def average_once(self, max_attempts: int = 3) -> Outcome:
         """Try random live partners until one exchange completes or none is left."""

@@ -219,11 +219,13 @@ def run_bench(config: dict, out: Path) -> dict:
     return {"config": config, "results": results}
 
 
-def _med(values: list[float]) -> str:
+def _med(values: list[float], digits: int = 2) -> str:
+    """Median and (min–max) of the seeds' values."""
     values = [v for v in values if v is not None]
     if not values:
         return "—"
-    return f"{statistics.median(values):.2f}" + (f" ({min(values):.2f}–{max(values):.2f})" if len(values) > 1 else "")
+    f = f".{digits}f"
+    return format(statistics.median(values), f) + (f" ({min(values):{f}}–{max(values):{f}})" if len(values) > 1 else "")
 
 
 def summarize(results: list[dict]) -> str:
@@ -236,12 +238,12 @@ def summarize(results: list[dict]) -> str:
             ratios = []
             for r in rs:
                 base = next((b for b in results if (b["task"], b["mix"], b["seed"], b["method"]) == (task, mix, r["seed"], "sync-equal")), None)
-                if base and base.get("time_to_target") and r.get("time_to_target"):
+                if method != "ideal" and base and base.get("time_to_target") and r.get("time_to_target"):
                     ratios.append(r["time_to_target"] / base["time_to_target"])
             lines.append(
                 f"| {task} | {mix} | {method} | {_med([r.get('time_to_target') for r in rs]) if method != 'ideal' else '—'} | {_med(ratios)} | "
                 f"{_med([r['samples_per_s'] for r in rs])} | {_med([r['pct_of_ideal'] for r in rs])} | "
-                f"{_med([max(p['idle_fraction'] for p in r['peers']) for r in rs])} | {_med([r.get('metric_at_equal_samples') for r in rs])} |"
+                f"{_med([max(p['idle_fraction'] for p in r['peers']) for r in rs])} | {_med([r.get('metric_at_equal_samples') for r in rs], 3)} |"
             )
     return "\n".join(lines) + "\n"
 
