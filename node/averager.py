@@ -115,7 +115,7 @@ class Averager:
         if snapshot.weight == 0:  # a newcomer adopts; it has no model of its own to defend
             return remote, claim.weight, claim.reason
         screening = await anyio.to_thread.run_sync(self.screening.screen, snapshot.state, remote)
-        if screening.remote is None:
+        if screening.offence:
             await self._offence(peer_id, f"rejected model: {screening.reason}")
         return screening.remote, claim.weight, screening.reason
 
@@ -153,7 +153,7 @@ class Averager:
             outcome = await self.exchange_with(entry.peer_id, entry.addrs)
             if outcome.result == "merged":
                 entry.exchanges += 1
-                self.table.observe(entry.peer_id, [], time.monotonic())
+                self.table.refresh(entry.peer_id, time.monotonic())
                 break
         return outcome
 
@@ -256,7 +256,7 @@ class Averager:
                 assert isinstance(commit, Commit)
                 decision = self.policy.mix(snapshot.weight, credited)
                 await self._apply(snapshot, vetted, decision.remote_share, decision.weight_after)
-                self.table.observe(peer_id, [], time.monotonic())
+                self.table.refresh(peer_id, time.monotonic())
                 self._record(Outcome("merged", peer_id, decision.reason, time.perf_counter() - start, decision.remote_share, sent))
                 await stream.close()
                 return

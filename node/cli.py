@@ -68,18 +68,22 @@ def configure_logging(level: str, peer_id: str = "") -> None:
 
 
 async def _run_until_signal(config, key_pair) -> None:
-    from node.node import run_node
+    """Run a node; the first SIGINT/SIGTERM stops it gracefully, a second one at once."""
+    from node.node import build_node
 
+    node = build_node(config, key_pair)
     async with anyio.create_task_group() as tg:
+
         async def stop_on_signal() -> None:
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for signum in signals:
                     logging.getLogger("murmur").info("received %s: stopping", signal.Signals(signum).name)
-                    tg.cancel_scope.cancel()
-                    return
+                    if node.stopping:
+                        tg.cancel_scope.cancel()
+                    node.request_stop()
 
         tg.start_soon(stop_on_signal)
-        await run_node(config, key_pair)
+        await node.run()
         tg.cancel_scope.cancel()
 
 
@@ -109,7 +113,14 @@ def cmd_id(args: argparse.Namespace) -> int:
     return 0
 
 
+def _exit_quietly(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
 def main(argv: list[str] | None = None) -> int:
+    # A stop request that arrives while still starting up (importing torch) is a clean
+    # exit too; once the node runs, its own signal handling takes over.
+    signal.signal(signal.SIGTERM, _exit_quietly)
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:
         from scripts.bench_heterogeneous import main as bench_main

@@ -58,11 +58,16 @@ class WorkClaimLimiter:
 
 @dataclass(frozen=True)
 class Screening:
-    """A partner's model after screening: None if rejected, with the reason."""
+    """A partner's model after screening (None if rejected), why, and whether it was an offence."""
 
     remote: dict[str, torch.Tensor] | None
     reason: str
     distance: float
+    offence: bool = False
+
+
+def _norm(state: Mapping[str, torch.Tensor]) -> float:
+    return math.sqrt(sum((t**2).sum().item() for t in state.values()))
 
 
 def _distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
@@ -71,32 +76,30 @@ def _distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> f
 
 @dataclass
 class ClippedGossip:
-    """Clip a partner's pull to a radius learned from recent honest distances; reject outliers.
+    """Clip a partner's pull to a radius learned from recent distances; reject absurd models.
 
-    With fewer than `min_history` accepted distances the radius is unknown, so a model
-    farther than `bootstrap_ratio` × the norm of our own is rejected outright (a ×1000
-    model or random noise). Afterwards the radius is `clip_factor` × the median recent
-    distance, and a model farther than `reject_factor` × that median is rejected.
+    A model farther from ours than `reject_ratio` × our own norm (a ×1000 model, random
+    noise) is rejected as an offence. Otherwise, once `min_history` distances are known,
+    the pull is clipped to `clip_factor` × their median. Clipped distances enter the
+    history, so after a long partition or a restart the radius widens again within a
+    few exchanges and honest peers that drifted apart still converge.
     """
 
     clip_factor: float = 3.0
-    reject_factor: float = 30.0
-    bootstrap_ratio: float = 3.0
+    reject_ratio: float = 3.0
     min_history: int = 8
     history: deque[float] = field(default_factory=lambda: deque(maxlen=64))
 
     def screen(self, local: Mapping[str, torch.Tensor], remote: Mapping[str, torch.Tensor]) -> Screening:
         distance = _distance(local, remote)
+        norm = _norm(local)
+        if distance > self.reject_ratio * max(norm, 1.0):
+            reason = f"model is {distance:.3g} away, more than {self.reject_ratio:g}x our norm {norm:.3g}"
+            return Screening(None, reason, distance, offence=True)
         if len(self.history) < self.min_history:
-            norm = math.sqrt(sum((t**2).sum().item() for t in local.values()))
-            if distance > self.bootstrap_ratio * max(norm, 1.0):
-                return Screening(None, f"model is {distance:.3g} away, more than {self.bootstrap_ratio:g}x our norm {norm:.3g}", distance)
             self.history.append(distance)
             return Screening(dict(remote), "accepted", distance)
-        median = statistics.median(self.history)
-        if distance > self.reject_factor * median:
-            return Screening(None, f"model is {distance:.3g} away, {distance / median:.0f}x the median distance {median:.3g}", distance)
-        radius = self.clip_factor * median
+        radius = self.clip_factor * statistics.median(self.history)
         self.history.append(min(distance, radius))
         if distance <= radius:
             return Screening(dict(remote), "accepted", distance)

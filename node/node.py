@@ -61,7 +61,7 @@ class NodeConfig:
     sync_state: bool = True
     start_at: float | None = None  # Unix time to start training (benchmarks start peers together)
     checkpoint_every: float = 30.0  # seconds; also on exit
-    catch_up_ratio: float = 2.0  # a resumed node adopts a peer's model carrying this many times its work
+    catch_up_ratio: float = 1.0  # a resumed node adopts a peer's model carrying at least this many times its work
     record_params: bool = False
     allow_peers: Path | None = None  # peer-ID allow-list file
     swarm_secret_file: Path | None = None
@@ -92,6 +92,7 @@ class Node:
         )
         self.stats = TrainStats()
         self.param_history: list[tuple[float, torch.Tensor]] = []
+        self._serve_scope = anyio.CancelScope()
         self.last_eval: dict[str, float] = {}
         self.started_at = time.time()
         config.data_dir.mkdir(parents=True, exist_ok=True)
@@ -99,8 +100,21 @@ class Node:
         self._metrics_path = config.data_dir / METRICS_FILE
         self._metrics_path.unlink(missing_ok=True)
 
+    @property
+    def stopping(self) -> bool:
+        return self._serve_scope.cancel_called
+
+    def request_stop(self) -> None:
+        """Stop gracefully: end the exchange in flight, checkpoint, say goodbye, return from `run`."""
+        self._serve_scope.cancel()
+
     async def run(self, *, task_status: anyio.abc.TaskStatus[list[str]] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Run until cancelled or `duration` elapses; `task_status.started` gets the addresses."""
+        """Run until `request_stop`, cancellation or `duration`; `task_status.started` gets the addresses.
+
+        On a requested stop or the end of `duration` the host stays up while the node
+        checkpoints and tells its neighbours it is leaving; a plain cancellation skips
+        the goodbye (the host is going away with it).
+        """
         cfg = self.config
         self.transport.set_handler(PEERS_PROTOCOL, self.membership.serve)
         self.transport.set_handler(AVERAGE_PROTOCOL, self.averager.serve_exchange)
@@ -113,7 +127,8 @@ class Node:
                 _write_atomic(cfg.addr_file, "".join(a + "\n" for a in addrs))
             task_status.started(addrs)
             try:
-                await self._serve(cfg)
+                with self._serve_scope:
+                    await self._serve(cfg)
             finally:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(3):
                     await self.membership.announce_leaving()
@@ -229,10 +244,8 @@ def build_transport(config: NodeConfig, key_pair: KeyPair, bans: BanList) -> Gua
     return guarded
 
 
-async def run_node(config: NodeConfig, key_pair: KeyPair) -> Node:
-    """Build a libp2p node for `config` and run it until cancelled or its duration ends."""
+def build_node(config: NodeConfig, key_pair: KeyPair) -> Node:
+    """A libp2p node for `config`, with its ban list kept in the data dir."""
     config.data_dir.mkdir(parents=True, exist_ok=True)
     bans = BanList(config.data_dir / BANS_FILE)
-    node = Node(config, build_transport(config, key_pair, bans), bans)
-    await node.run()
-    return node
+    return Node(config, build_transport(config, key_pair, bans), bans)

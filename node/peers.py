@@ -59,6 +59,12 @@ class PeerTable:
             entry.addrs = list(addrs)
         return False
 
+    def refresh(self, peer_id: str, now: float) -> None:
+        """Note that a member just answered; unlike `observe`, never (re)admits a peer."""
+        entry = self.members.get(peer_id)
+        if entry is not None:
+            entry.last_seen = now
+
     def rumour(self, records: list[PeerRecord]) -> None:
         """Note peers another peer knows; they become candidates to contact."""
         for record in records:

@@ -124,12 +124,13 @@ def run_swarm(root: Path, peers: int, duration: float, kill_every: float | None,
             now = time.time()
             live = swarm.live()
             live_ids = {p.peer_id for p in live}
-            for when, peer_id, _ in kills:
+            last_kill = {peer_id: when for when, peer_id, _ in kills}  # a restarted peer may die twice
+            for peer_id, when in last_kill.items():
                 if now - when > LIVENESS_TIMEOUT + 4 and peer_id not in live_ids:
                     for p in live:
                         if peer_id in p.status().get("peers", []) and now - p.started > LIVENESS_TIMEOUT + 4:
                             membership_violations.append(f"{p.peer_id[-8:]} still lists {peer_id[-8:]} {now - when:.0f}s after its death")
-            if now >= next_kill and len(live) > 1:
+            if now >= next_kill and len(live) > 1 and now + 5 < end:  # a replacement needs time to start
                 victim = rng.choice(live)
                 os.kill(victim.process.pid, signal.SIGKILL)
                 victim.process.wait()

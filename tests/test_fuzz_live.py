@@ -75,7 +75,9 @@ async def test_node_survives_ten_thousand_hostile_frames(tmp_path: Path) -> None
         rss_growth_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
         assert rss_growth_mb < 200, f"memory grew {rss_growth_mb:.0f} MB"
         assert node.stats.steps > steps_before  # it kept training throughout
-        assert not node.averager.in_exchange
+        with anyio.fail_after(config.exchange_timeout + 5):  # never stuck in an exchange
+            while node.averager.in_exchange:
+                await anyio.sleep(0.01)
         assert node.averager.outcomes["failed"] > 100  # the hostile exchanges were seen and refused
 
         # Afterwards an honest peer still completes a well-formed exchange.
