@@ -20,12 +20,19 @@ import anyio
 from node.defense import ClippedGossip, WorkClaimLimiter
 from node.merge import WeightingPolicy, merge_delta
 from node.peers import PeerTable
+from node.security import BanList
 from node.trainer import Snapshot, Trainer
 from node.transport import ByteStream, Transport, TransportError
 from node.wire import Conversation
 from protocol.codec import decode_state, encode_state
-from node.security import BanList
-from protocol.errors import FrameTooLarge, MalformedMessage, NonFiniteTensor, ProtocolError, ProtocolViolation, TensorMismatch
+from protocol.errors import (
+    FrameTooLarge,
+    MalformedMessage,
+    NonFiniteTensor,
+    ProtocolError,
+    ProtocolViolation,
+    TensorMismatch,
+)
 from protocol.exchange import AVERAGE, STATE_SYNC, Exchange, Role
 from protocol.messages import Abort, Accept, Busy, Commit, Offer, Params, Refuse, StateReply, StateRequest
 

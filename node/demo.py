@@ -41,21 +41,6 @@ def peer_table(peers: list[Peer], metric: str) -> Table:
     return table
 
 
-def median_curve(peers: list[Peer], metric: str, t0: float) -> tuple[list[float], list[float]]:
-    """The median peer's metric on a 1 s grid of wall time since `t0`."""
-    curves = [[(r["t"] - t0, r[metric]) for r in p.metrics()] for p in peers]
-    curves = [c for c in curves if c]
-    if not curves:
-        return [], []
-    end = min(c[-1][0] for c in curves)
-    grid = [float(t) for t in range(0, int(end) + 1)]
-    values = []
-    for t in grid:
-        latest = [next((v for tt, v in reversed(c) if tt <= t), c[0][1]) for c in curves]
-        values.append(statistics.median(latest))
-    return grid, values
-
-
 def run_demo(args: argparse.Namespace) -> int:
     console = Console()
     task = load_task(args.task)

@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 import anyio
 
 from node.averager import OFFENCES, TaskIdentity
-from node.security import BanList
 from node.peers import PeerTable
+from node.security import BanList
 from node.transport import ByteStream, Transport, TransportError
 from node.wire import Conversation
 from protocol.errors import ProtocolError

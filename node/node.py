@@ -25,9 +25,9 @@ from node.checkpoint import load_latest, save_checkpoint
 from node.membership import PEERS_PROTOCOL, Membership
 from node.merge import make_policy
 from node.peers import PeerTable
+from node.security import BanList, GuardedTransport, load_allow_list, load_secret
 from node.tasks import load_task
 from node.trainer import Pacing, Trainer, TrainStats, train
-from node.security import BanList, GuardedTransport, load_allow_list, load_secret
 from node.transport import Libp2pTransport, Transport
 
 log = logging.getLogger("murmur.node")

@@ -19,10 +19,10 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 import anyio
 import multiaddr
 from anyio.abc import TaskGroup
+from libp2p.abc import INetConn, INetwork, INotifee
 from libp2p.crypto.keys import KeyPair
 from libp2p.host.basic_host import BasicHost
 from libp2p.network.stream.exceptions import StreamEOF
-from libp2p.abc import INetConn, INetwork, INotifee
 from libp2p.network.stream.net_stream import INetStream
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from protocol.exchange import NEED_DATA, Exchange
-from protocol.errors import PeerAborted
-from protocol.messages import Abort, Message
-
 from node.transport import ByteStream
+from protocol.errors import PeerAborted
+from protocol.exchange import Exchange
+from protocol.messages import Abort, Message
 
 
 class Conversation:

@@ -20,8 +20,8 @@ import torch  # noqa: E402
 
 import node.averager  # noqa: E402
 import protocol.exchange  # noqa: E402
-from protocol.messages import Accept, Message, Offer, StateReply  # noqa: E402
 from node.cli import main as murmur_main  # noqa: E402
+from protocol.messages import Accept, Message, Offer, StateReply  # noqa: E402
 
 ATTACKS = ("scale", "noise", "nan", "work")
 

@@ -343,7 +343,7 @@ def _collect(procs: list[Any], results: Any, deadline: float) -> dict[int, dict[
                     p = dead[0]
                     raise RankFailed(f"{p.name} (pid {p.pid}) exited with code {p.exitcode}") from None
             elif time.monotonic() > deadline:
-                raise RankFailed(f"timed out waiting for ranks {sorted(set(range(len(procs))) - set(outputs))}")
+                raise RankFailed(f"timed out waiting for ranks {sorted(set(range(len(procs))) - set(outputs))}") from None
             else:
                 continue
         if kind == "error":

@@ -46,6 +46,7 @@ def test_honest_peers_keep_learning_and_ban_the_attacker(attack: str, baseline: 
     honest, attacker = run(tmp_path, attack)
     assert all(p.process.returncode == 0 for p in honest)
     accuracy = final_accuracy(honest)
+    print(f"attack {attack}: honest median accuracy {accuracy:.4f} vs {baseline:.4f} without the attacker")
     assert accuracy >= baseline - 0.01, (accuracy, baseline)
     attacker_id = attacker.status()["peer_id"]
     bans = [p.data_dir / "bans.json" for p in honest]

@@ -4,7 +4,6 @@ from pathlib import Path
 
 import anyio
 import pytest
-import torch
 from libp2p.crypto.ed25519 import create_new_key_pair
 
 from node.node import Node, NodeConfig
