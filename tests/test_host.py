@@ -38,3 +38,31 @@ async def test_noise_dialer_connects() -> None:
         with anyio.fail_after(20):
             await a.host.connect(PeerInfo(ID.from_base58(b.peer_id), [multiaddr.Multiaddr(b.addresses()[0].split("/p2p/")[0])]))
         assert ID.from_base58(b.peer_id) in a.host.get_connected_peers()
+
+
+async def test_standard_identify_and_ping_answer() -> None:
+    from libp2p.host.ping import PingService
+    from libp2p.identity.identify.identify import ID as IDENTIFY, parse_identify_response
+
+    node, client = Libp2pTransport(create_new_key_pair()), Libp2pTransport(create_new_key_pair())
+    async with node.run(["/ip4/127.0.0.1/tcp/0"]), client.run(["/ip4/127.0.0.1/tcp/0"]):
+        peer = ID.from_base58(node.peer_id)
+        with anyio.fail_after(20):
+            await client.host.connect(PeerInfo(peer, [multiaddr.Multiaddr(node.addresses()[0].split("/p2p/")[0])]))
+            rtts = await PingService(client.host).ping(peer, ping_amt=2)
+            stream = await client.host.new_stream(peer, [IDENTIFY])
+            raw = b""
+            while chunk := await _read_or_eof(stream):
+                raw += chunk
+        assert len(rtts) == 2
+        info = parse_identify_response(raw)
+        assert "/ipfs/ping/1.0.0" in info.protocols and info.listen_addrs
+
+
+async def _read_or_eof(stream) -> bytes:
+    from libp2p.network.stream.exceptions import StreamEOF
+
+    try:
+        return await stream.read()
+    except StreamEOF:
+        return b""
