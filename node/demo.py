@@ -22,6 +22,9 @@ from node.swarm import Peer, start_swarm, stop_swarm
 from node.tasks import load_task
 
 
+STARTUP_S = 10.0
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
@@ -49,8 +52,10 @@ def run_demo(args: argparse.Namespace) -> int:
     slowdowns = [slowdowns[i % len(slowdowns)] for i in range(args.peers)]
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
+    # All peers join first, then start training together, so the plot compares like with like.
+    start_at = time.time() + STARTUP_S
     extra = ["--task", args.task, "--weighting", args.weighting, "--step-time", str(args.step_time),
-             "--duration", str(args.duration), "--log-level", "WARNING"]
+             "--duration", str(args.duration), "--start-at", str(start_at), "--log-level", "WARNING"]
     console.print(f"murmur demo: {args.peers} peers, slowdowns {slowdowns}, {args.duration:g}s of training, task {args.task}")
     peers = start_swarm(out, slowdowns, extra)
     interrupted = False
@@ -120,10 +125,10 @@ def plot(peers: list[Peer], metric: str, sync: dict | None, path: Path, higher_i
     import matplotlib.pyplot as plt
 
     records = [p.metrics() for p in peers]
-    t0 = min((r[0]["t"] for r in records if r), default=0.0)
+    t0 = min((r[0]["t"] for r in records if r), default=0.0)  # the common start
     fig, ax = plt.subplots(figsize=(8, 5))
     for peer, rec in zip(peers, records):
-        ax.plot([r["t"] - t0 for r in rec], [r[metric] for r in rec], label=f"Murmur peer {peer.index} ({peer.slowdown:g}x slower)", alpha=0.8)
+        ax.plot([r["t"] - t0 for r in rec], [r[metric] for r in rec], label=f"Murmur peer {peer.index} ({'full speed' if peer.slowdown == 1 else f'{peer.slowdown:g}x slower'})", alpha=0.8)
     if sync and sync.get("curve"):
         ax.plot([c["t"] for c in sync["curve"]], [c[metric] for c in sync["curve"]], "k--", lw=2, label="synchronous all-reduce (same hardware)")
     ax.set_xlabel("wall time (s)")
