@@ -16,8 +16,8 @@ evaluation grid, start-up excluded: Murmur peers join first and start together a
 at equal total samples, consensus distance over time. Writes JSON, PNG plots and a
 markdown table to `--out`.
 
-    murmur bench --quick            # ~3 min: digits, headline mix, 1 seed
-    murmur bench                    # default: see DEFAULT below
+    murmur bench --quick            # ~2 min: digits, headline mix, 1 seed
+    murmur bench                    # default (see DEFAULT below), ~15 min
 """
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ TASKS = {
     "charlm": {"step_time": 40.0, "target": 2.5, "metric": "loss", "higher": False, "max_s": 120.0},
 }
 METHODS = ["sync-equal", "sync-proportional", "murmur-uniform", "murmur-work"]
-DEFAULT = {"tasks": ["digits", "charlm"], "mixes": {"digits": ["homogeneous", "mild", "headline", "extreme"], "charlm": ["headline"]}, "seeds": [0, 1, 2], "max_s": {"digits": 25.0, "charlm": 40.0}}
+DEFAULT = {"tasks": ["digits", "charlm"], "mixes": {"digits": ["homogeneous", "mild", "headline", "extreme"], "charlm": ["headline"]}, "seeds": [0, 1, 2], "max_s": {"digits": 25.0, "charlm": 32.0}}
 QUICK = {"tasks": ["digits"], "mixes": {"digits": ["headline"]}, "seeds": [0], "max_s": {"digits": 20.0}}
-STARTUP_S = 8.0  # Murmur peers join during this window, then all start training together
+STARTUP_S = 5.0  # Murmur peers join during this window, then all start training together
 
 
 def _free_port() -> int:
@@ -65,7 +65,10 @@ def _free_port() -> int:
 
 
 def _peer_id(data_dir: Path) -> str:
-    return subprocess.run(murmur_command() + ["id", "--data-dir", str(data_dir)], check=True, capture_output=True, text=True).stdout.strip()
+    """The peer ID `murmur run --data-dir data_dir` will have (its key is created now)."""
+    from node.identity import load_or_create_identity, peer_id_of
+
+    return peer_id_of(load_or_create_identity(data_dir))
 
 
 def _reached(value: float, target: float, higher: bool) -> bool:
