@@ -94,7 +94,6 @@ class Node:
         self.param_history: list[tuple[float, torch.Tensor]] = []
         self._serve_scope = anyio.CancelScope()
         self.last_eval: dict[str, float] = {}
-        self.started_at = time.time()
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.resumed_from = self._restore()
         self._metrics_path = config.data_dir / METRICS_FILE
@@ -112,8 +111,8 @@ class Node:
         """Run until `request_stop`, cancellation or `duration`; `task_status.started` gets the addresses.
 
         On a requested stop or the end of `duration` the host stays up while the node
-        checkpoints and tells its neighbours it is leaving; a plain cancellation skips
-        the goodbye (the host is going away with it).
+        tells its neighbours it is leaving and checkpoints; after a plain cancellation
+        the goodbye is best effort (the host is going away too), bounded by 3 s.
         """
         cfg = self.config
         self.transport.set_handler(PEERS_PROTOCOL, self.membership.serve)
@@ -154,7 +153,6 @@ class Node:
             tg.start_soon(self._checkpoint_periodically)
             if cfg.start_at is not None:
                 await anyio.sleep(max(0.0, cfg.start_at - time.time()))
-            self.started_at = time.time()
             with anyio.move_on_after(cfg.duration if cfg.duration is not None else float("inf")):
                 await train(self.trainer, Pacing(cfg.slowdown, cfg.step_time_ms), self.stats, eval_every=cfg.eval_every, on_eval=self._on_eval)
             tg.cancel_scope.cancel()
