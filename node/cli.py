@@ -127,13 +127,20 @@ def main(argv: list[str] | None = None) -> int:
 
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
-    if args.command == "run":
-        return cmd_run(args)
-    if args.command == "id":
-        return cmd_id(args)
-    from node.demo import run_demo
+    try:
+        if args.command == "run":
+            return cmd_run(args)
+        if args.command == "id":
+            return cmd_id(args)
+        from node.demo import run_demo
 
-    return run_demo(args)
+        return run_demo(args)
+    finally:
+        # The work is done and the process is exiting: a stop request now has nothing
+        # left to stop. Python resets handlers to the default while tearing down, which
+        # would let a late SIGTERM kill the process (-15); ignored signals stay ignored.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 if __name__ == "__main__":

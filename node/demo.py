@@ -8,10 +8,13 @@ for the same time, and ends with a summary and a plot of held-out metric vs wall
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import signal
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from rich.console import Console
@@ -44,7 +47,26 @@ def peer_table(peers: list[Peer], metric: str) -> Table:
     return table
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _uninterruptible() -> Iterator[None]:
+    """Hold off Ctrl-C while stopping peers (itself bounded), so none is left running."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN), signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])
+
+
 def run_demo(args: argparse.Namespace) -> int:
+    """Run the demo; Ctrl-C or SIGTERM at any point stops every peer it started (exit 130)."""
+    # Set explicitly: a shell starts background jobs with SIGINT ignored, and Python keeps that.
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     console = Console()
     task = load_task(args.task)
     metric = task.metric.name
@@ -57,8 +79,12 @@ def run_demo(args: argparse.Namespace) -> int:
     extra = ["--task", args.task, "--weighting", args.weighting, "--step-time", str(args.step_time),
              "--duration", str(args.duration), "--start-at", str(start_at), "--log-level", "WARNING"]
     console.print(f"murmur demo: {args.peers} peers, slowdowns {slowdowns}, {args.duration:g}s of training, task {args.task}")
-    peers = start_swarm(out, slowdowns, extra)
     interrupted = False
+    try:
+        peers = start_swarm(out, slowdowns, extra)
+    except KeyboardInterrupt:  # start_swarm has stopped the peers it started
+        console.print("interrupted")
+        return 130
     try:
         deadline = time.monotonic() + args.duration + 90  # start-up, bounded
         with Live(peer_table(peers, metric), console=console, refresh_per_second=2) as live:
@@ -69,7 +95,8 @@ def run_demo(args: argparse.Namespace) -> int:
         interrupted = True
         console.print("interrupted: stopping peers")
     finally:
-        codes = stop_swarm(peers)
+        with _uninterruptible():
+            codes = stop_swarm(peers)
     console.print(peer_table(peers, metric))
     if interrupted:
         return 130
