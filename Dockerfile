@@ -1,17 +1,55 @@
-# Minimal Murmur peer image (CPU). Build: docker build -t murmur .
-# Run:   docker run -p 4001:4001 -v murmur-data:/data murmur \
-#          --listen /ip4/0.0.0.0/tcp/4001 --bootstrap /ip4/<host>/tcp/<port>/p2p/<id>
-FROM python:3.11-slim
+# Murmur peer for rented GPUs (also runs on CPU-only hosts). See docs/deploy.md.
+#   Build:            docker build -t murmur .
+#   Bootstrap node:   docker run -d --gpus all -p 4001:4001 -v murmur-data:/data murmur \
+#                       --announce /ip4/<public ip>/tcp/4001
+#   Peer:             docker run -d --gpus all -p 4001:4001 -v murmur-data:/data murmur \
+#                       --bootstrap /ip4/<bootstrap ip>/tcp/4001/p2p/<bootstrap peer id>
+# Arguments after the image name are appended to the ENTRYPOINT (`murmur run …`).
+# The base image brings a CUDA build of torch (Murmur needs torch>=2.13,<2.15) and
+# its CUDA runtime; the host needs only an NVIDIA driver and the container toolkit.
+# Pick a CUDA version your host's driver supports: --build-arg BASE_IMAGE=….
+ARG BASE_IMAGE=pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime
+FROM ${BASE_IMAGE}
+
+# MURMUR_DATA_DIR: `docker exec <container> murmur status` finds the node without flags.
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    MURMUR_DATA_DIR=/data
+
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY node ./node
 COPY protocol ./protocol
 COPY scripts ./scripts
-RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
-    && pip install --no-cache-dir .
-RUN useradd --create-home murmur && mkdir /data && chown murmur /data
+# The base image's torch satisfies the dependency, so pip adds only Murmur and its
+# small dependencies; the check fails the build if the image's torch has no CUDA.
+# fastecdsa (a py-libp2p dependency) has no Linux wheel: it compiles against GMP, so a
+# compiler and GMP's headers are installed for the build and removed after it
+# (libgmp10, which it links to at run time, stays).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends build-essential libgmp-dev \
+    && pip install . \
+    && apt-mark manual libgmp10 \
+    && apt-get purge -y --auto-remove build-essential libgmp-dev \
+    && rm -rf /var/lib/apt/lists/* \
+    && python -c "import torch, fastecdsa.curve, node.cli; assert torch.version.cuda, 'base image torch has no CUDA'"
+
+RUN useradd --create-home --uid 10001 murmur \
+    && mkdir /data && chown murmur:murmur /data
 USER murmur
+
+# identity.key, checkpoints/, status.json, metrics: keep them across restarts.
 VOLUME /data
-EXPOSE 4001
-ENTRYPOINT ["murmur", "run", "--data-dir", "/data"]
-CMD ["--listen", "/ip4/0.0.0.0/tcp/4001"]
+# libp2p TCP port (publish it: -p 4001:4001).
+EXPOSE 4001/tcp
+
+# Healthy while the node keeps its status file fresh and its process is alive.
+# start-period: importing torch, joining and state sync come before the first status.
+HEALTHCHECK --interval=30s --timeout=10s --start-period=120s --retries=3 \
+    CMD ["murmur", "status", "--data-dir", "/data", "--health"]
+
+# Options given to `docker run … murmur OPTIONS` are appended: a repeated single-valued
+# option (--device cpu) overrides the one here, another --listen adds an address.
+ENTRYPOINT ["murmur", "run", "--data-dir", "/data", "--listen", "/ip4/0.0.0.0/tcp/4001", "--device", "auto"]
+CMD []

@@ -1,7 +1,8 @@
 """Pairwise averaging and state sync over the `/murmur/average` and `/murmur/state` protocols.
 
-An exchange is initiator → Offer, responder → Accept | Busy | Refuse, initiator →
-Params, responder → Params, initiator → Commit; both then add the same merge delta
+An exchange is initiator → Offer (with the wire dtype), responder → Accept | Busy |
+Refuse, then both stream their models at once (Params + Chunks each way), then each
+checks the other's and commits, responder first; both then add the same merge delta
 to their live models. A peer already in an exchange answers Busy at once, so two
 peers that pick each other both move on. Any error, timeout or vanished partner
 before the merge leaves the local model untouched; every failure returns its reason.
@@ -24,7 +25,7 @@ from node.security import BanList
 from node.trainer import Snapshot, Trainer
 from node.transport import ByteStream, Transport, TransportError
 from node.wire import Conversation
-from protocol.codec import decode_state, encode_state
+from protocol.codec import WIRE_DTYPES, WireState, check_wire_dtype
 from protocol.errors import (
     FrameTooLarge,
     MalformedMessage,
@@ -34,10 +35,10 @@ from protocol.errors import (
     TensorMismatch,
 )
 from protocol.exchange import AVERAGE, STATE_SYNC, Exchange, Role
-from protocol.messages import Abort, Accept, Busy, Commit, Offer, Params, Refuse, StateReply, StateRequest
+from protocol.messages import Abort, Accept, Busy, Commit, Offer, Refuse, StateReply, StateRequest
 
-AVERAGE_PROTOCOL = "/murmur/average/1.0.0"
-STATE_PROTOCOL = "/murmur/state/1.0.0"
+AVERAGE_PROTOCOL = "/murmur/average/2.0.0"
+STATE_PROTOCOL = "/murmur/state/2.0.0"
 log = logging.getLogger("murmur.averager")
 # Errors only a faulty or hostile peer causes; each is a strike (timeouts and resets are not).
 OFFENCES = (FrameTooLarge, MalformedMessage, ProtocolViolation, TensorMismatch, NonFiniteTensor)
@@ -85,6 +86,7 @@ class Averager:
         exchange_timeout: float,
         rng: random.Random,
         bans: BanList | None = None,
+        wire_dtype: str = "float32",
     ) -> None:
         self.transport = transport
         self.trainer = trainer
@@ -98,10 +100,12 @@ class Averager:
         self.recent: deque[Outcome] = deque(maxlen=32)
         self.bytes_sent = 0
         self.typical_exchange_s = 0.0  # moving average of this node's completed exchanges
-        self._max_params = trainer.spec.encoded_size
+        self.wire_dtype = check_wire_dtype(wire_dtype)  # what this node proposes when it initiates
+        self._max_params = max(trainer.spec.wire_size(dtype) for dtype in WIRE_DTYPES)
         self.bans = bans or BanList()
         self.claims = WorkClaimLimiter()
         self.screening = ClippedGossip()
+        self.last_partner_distance: float | None = None  # L2 to the last partner's model we accepted (metrics)
         self._created = time.monotonic()
 
     def local_rate(self) -> float:
@@ -114,17 +118,45 @@ class Averager:
             self.table.forget(peer_id)
             await self.transport.hang_up(peer_id)
 
-    async def _vet(self, peer_id: str, snapshot: Snapshot, remote: dict, claimed: float) -> tuple[dict | None, float, str]:
-        """Screen a partner's model and work claim: (model to merge or None, credited weight, reason)."""
+    async def _vet(self, peer_id: str, snapshot: Snapshot, remote: WireState, claimed: float) -> tuple[float | None, float, str]:
+        """Screen a partner's model and work claim: (pull to apply or None to reject, credited weight, reason)."""
         claim = self.claims.credit(peer_id, claimed, snapshot.weight, self.local_rate(), time.time())
         if claim.offence:
             await self._offence(peer_id, claim.reason)
         if snapshot.weight == 0:  # a newcomer adopts; it has no model of its own to defend
-            return remote, claim.weight, claim.reason
+            return 1.0, claim.weight, claim.reason
         screening = await anyio.to_thread.run_sync(self.screening.screen, snapshot.state, remote)
+        if screening.pull is not None:
+            self.last_partner_distance = screening.distance
         if screening.offence:
             await self._offence(peer_id, f"rejected model: {screening.reason}")
-        return screening.remote, claim.weight, screening.reason
+        return screening.pull, claim.weight, screening.reason
+
+    async def _swap(self, conv: Conversation, local: WireState) -> WireState:
+        """Stream our model and receive the partner's at the same time (full duplex)."""
+        spec = self.trainer.spec
+        send_errors: list[Exception] = []
+
+        async def send() -> None:
+            try:
+                await conv.send_params(local, spec)
+            except (ProtocolError, TransportError) as exc:
+                send_errors.append(exc)
+
+        # Errors are caught inside the group and re-raised outside it, as themselves.
+        received: WireState | None = None
+        error: Exception | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send)
+            try:
+                received = await conv.receive_params(spec, local.dtype)
+            except (ProtocolError, TransportError) as exc:
+                error = exc
+                tg.cancel_scope.cancel()
+        if error or send_errors:
+            raise error or send_errors[0]
+        assert received is not None
+        return received
 
     def _record(self, outcome: Outcome) -> Outcome:
         self.outcomes[outcome.result] += 1
@@ -176,30 +208,27 @@ class Averager:
             with anyio.fail_after(self.exchange_timeout):
                 stream = await self.transport.open_stream(peer_id, addrs, AVERAGE_PROTOCOL)
                 conv = Conversation(stream, Exchange(Role.INITIATOR, AVERAGE, max_params_bytes=self._max_params))
-                snapshot = await anyio.to_thread.run_sync(self.trainer.snapshot)
-                await conv.send(Offer(self.identity.run_id, self.identity.fingerprint, snapshot.weight))
+                snapshot = await anyio.to_thread.run_sync(self.trainer.snapshot, self.wire_dtype)
+                await conv.send(Offer(self.identity.run_id, self.identity.fingerprint, snapshot.weight, self.wire_dtype))
                 answer = await conv.receive()
                 if isinstance(answer, (Busy, Refuse)):
                     result = "busy" if isinstance(answer, Busy) else "refused"
                     await stream.close()
                     return self._record(Outcome(result, peer_id, answer.reason, time.perf_counter() - start))
                 assert isinstance(answer, Accept)
-                payload = await anyio.to_thread.run_sync(encode_state, snapshot.state, self.trainer.spec)
-                await conv.send(Params(payload))
-                sent = len(payload)
-                reply = await conv.receive()
-                assert isinstance(reply, Params)
-                remote = await anyio.to_thread.run_sync(decode_state, reply.payload, self.trainer.spec)
-                vetted, credited, verdict = await self._vet(peer_id, snapshot, remote, answer.work)
-                if vetted is None:
+                remote = await self._swap(conv, snapshot.state)
+                sent = self.trainer.spec.wire_size(self.wire_dtype)
+                pull, credited, verdict = await self._vet(peer_id, snapshot, remote, answer.work)
+                if pull is None:
                     await conv.send(Abort(f"your model was rejected: {verdict}"))
                     await stream.close()
                     return self._record(Outcome("rejected", peer_id, verdict, time.perf_counter() - start, bytes_sent=sent))
+                commit = await conv.receive()  # the responder accepted our model
+                assert isinstance(commit, Commit)
                 await conv.send(Commit())
                 await stream.close()
-                remote = vetted
                 decision = self.policy.mix(snapshot.weight, credited)
-                await self._apply(snapshot, remote, decision.remote_share, decision.weight_after)
+                await self._apply(snapshot, remote, decision.remote_share * pull, decision.weight_after)
                 return self._record(Outcome("merged", peer_id, decision.reason, time.perf_counter() - start, decision.remote_share, sent))
         except TimeoutError:
             reason = f"timed out after {self.exchange_timeout:g}s"
@@ -241,28 +270,26 @@ class Averager:
                     await stream.close()
                     return
                 self.in_exchange = claimed = True
-                snapshot = await anyio.to_thread.run_sync(self.trainer.snapshot)
+                # The initiator picks the wire dtype: both sides must quantize alike for an exact merge.
+                snapshot = await anyio.to_thread.run_sync(self.trainer.snapshot, offer.wire_dtype)
                 await conv.send(Accept(snapshot.weight))
-                params = await conv.receive()
-                assert isinstance(params, Params)
                 try:
-                    remote = await anyio.to_thread.run_sync(decode_state, params.payload, self.trainer.spec)
+                    remote = await self._swap(conv, snapshot.state)
                 except ProtocolError as exc:
                     await conv.send(Abort(f"{type(exc).__name__}: {exc}"))
                     raise
-                vetted, credited, verdict = await self._vet(peer_id, snapshot, remote, offer.work)
-                if vetted is None:
+                sent = self.trainer.spec.wire_size(offer.wire_dtype)
+                pull, credited, verdict = await self._vet(peer_id, snapshot, remote, offer.work)
+                if pull is None:
                     await conv.send(Abort(f"your model was rejected: {verdict}"))
                     await stream.close()
-                    self._record(Outcome("rejected", peer_id, verdict, time.perf_counter() - start))
+                    self._record(Outcome("rejected", peer_id, verdict, time.perf_counter() - start, bytes_sent=sent))
                     return
-                payload = await anyio.to_thread.run_sync(encode_state, snapshot.state, self.trainer.spec)
-                await conv.send(Params(payload))
-                sent = len(payload)
-                commit = await conv.receive()
+                await conv.send(Commit())
+                commit = await conv.receive()  # the initiator accepted our model too
                 assert isinstance(commit, Commit)
                 decision = self.policy.mix(snapshot.weight, credited)
-                await self._apply(snapshot, vetted, decision.remote_share, decision.weight_after)
+                await self._apply(snapshot, remote, decision.remote_share * pull, decision.weight_after)
                 self.table.refresh(peer_id, time.monotonic())
                 self._record(Outcome("merged", peer_id, decision.reason, time.perf_counter() - start, decision.remote_share, sent))
                 await stream.close()
@@ -284,7 +311,7 @@ class Averager:
         self._record(Outcome("failed", peer_id, reason, time.perf_counter() - start, bytes_sent=sent))
         await stream.reset()
 
-    async def _apply(self, snapshot: Snapshot, remote: dict, remote_share: float, weight_after: float) -> None:
+    async def _apply(self, snapshot: Snapshot, remote: WireState, remote_share: float, weight_after: float) -> None:
         delta = merge_delta(snapshot.state, remote, remote_share)
         # Shielded: once both sides committed, a cancellation must not leave half a merge.
         with anyio.CancelScope(shield=True):
@@ -302,17 +329,16 @@ class Averager:
                     await conv.send(Refuse(mismatch))
                     log.warning("refused state sync from %s: %s", stream.remote_peer[-8:], mismatch)
                 else:
-                    snapshot = await anyio.to_thread.run_sync(self.trainer.snapshot)
-                    payload = await anyio.to_thread.run_sync(encode_state, snapshot.state, self.trainer.spec)
+                    snapshot = await anyio.to_thread.run_sync(self.trainer.snapshot, request.wire_dtype)
                     await conv.send(StateReply(snapshot.weight))
-                    await conv.send(Params(payload))
+                    await conv.send_params(snapshot.state, self.trainer.spec)
                 await stream.close()
                 return
         except (TimeoutError, ProtocolError, TransportError) as exc:
             log.info("state sync for %s failed: %s", stream.remote_peer[-8:], exc or type(exc).__name__)
         await stream.reset()
 
-    async def fetch_state(self, peer_id: str, addrs: list[str]) -> tuple[dict, float]:
+    async def fetch_state(self, peer_id: str, addrs: list[str]) -> tuple[WireState, float]:
         """Download a peer's current model and weight, validated against ours.
 
         Raises `TransportError`, `ProtocolError` (including `Refuse` as
@@ -322,14 +348,12 @@ class Averager:
         conv = Conversation(stream, Exchange(Role.INITIATOR, STATE_SYNC, max_params_bytes=self._max_params))
         try:
             with anyio.fail_after(self.exchange_timeout):
-                await conv.send(StateRequest(self.identity.run_id, self.identity.fingerprint))
+                await conv.send(StateRequest(self.identity.run_id, self.identity.fingerprint, self.wire_dtype))
                 reply = await conv.receive()
                 if isinstance(reply, Refuse):
                     raise StateSyncRefused(reply.reason)
                 assert isinstance(reply, StateReply)
-                params = await conv.receive()
-                assert isinstance(params, Params)
-                state = await anyio.to_thread.run_sync(decode_state, params.payload, self.trainer.spec)
+                state = await conv.receive_params(self.trainer.spec, self.wire_dtype)
                 await stream.close()
                 return state, reply.work
         except BaseException:

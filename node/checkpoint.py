@@ -72,7 +72,8 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     if hashlib.sha256(payload).digest() != digest:
         raise CorruptCheckpoint(f"{path.name}: checksum mismatch (truncated or altered, {len(payload)} payload bytes)")
     try:
-        state = torch.load(io.BytesIO(payload), weights_only=True)
+        # map_location: a checkpoint written next to a GPU still loads on a CPU-only machine.
+        state = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
     except Exception as exc:  # checksum matched, so this is a format/version problem
         raise CorruptCheckpoint(f"{path.name}: unreadable payload ({exc})") from None
     if not isinstance(state, dict):

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from protocol.codec import pieces
+
 
 @dataclass(frozen=True)
 class Claim:
@@ -58,20 +60,29 @@ class WorkClaimLimiter:
 
 @dataclass(frozen=True)
 class Screening:
-    """A partner's model after screening (None if rejected), why, and whether it was an offence."""
+    """How far to let a partner's model pull ours, why, and whether it was an offence.
 
-    remote: dict[str, torch.Tensor] | None
+    `pull` is 1.0 to merge the partner's model as is, less than 1 to merge
+    `local + pull × (remote − local)` instead (clipped), and None to reject it.
+    """
+
+    pull: float | None
     reason: str
     distance: float
     offence: bool = False
 
 
 def _norm(state: Mapping[str, torch.Tensor]) -> float:
-    return math.sqrt(sum((t**2).sum().item() for t in state.values()))
+    return math.sqrt(sum(torch.linalg.vector_norm(p).item() ** 2 for n in state for _, p in pieces(state, n)))
 
 
 def _distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
-    return math.sqrt(sum(((a[n] - b[n]) ** 2).sum().item() for n in a))
+    """The L2 distance between two models, piece by piece (no model-sized temporaries)."""
+    total = 0.0
+    for name in a:
+        for (_, pa), (_, pb) in zip(pieces(a, name), pieces(b, name), strict=True):
+            total += torch.linalg.vector_norm(pa - pb).item() ** 2
+    return math.sqrt(total)
 
 
 @dataclass
@@ -98,11 +109,9 @@ class ClippedGossip:
             return Screening(None, reason, distance, offence=True)
         if len(self.history) < self.min_history:
             self.history.append(distance)
-            return Screening(dict(remote), "accepted", distance)
+            return Screening(1.0, "accepted", distance)
         radius = self.clip_factor * statistics.median(self.history)
         self.history.append(min(distance, radius))
         if distance <= radius:
-            return Screening(dict(remote), "accepted", distance)
-        scale = radius / distance
-        clipped = {n: local[n] + (remote[n] - local[n]) * scale for n in local}
-        return Screening(clipped, f"clipped from {distance:.3g} to radius {radius:.3g}", distance)
+            return Screening(1.0, "accepted", distance)
+        return Screening(radius / distance, f"clipped from {distance:.3g} to radius {radius:.3g}", distance)

@@ -6,6 +6,9 @@ Noise alone, so an unencrypted or secio dial fails during negotiation.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import multiaddr
 from libp2p import new_host
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
@@ -15,10 +18,16 @@ from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 
 
-def build_host(key_pair: KeyPair, *, max_connections: int = 300) -> BasicHost:
+def build_host(
+    key_pair: KeyPair,
+    *,
+    max_connections: int = 300,
+    addrs_factory: Callable[[list[multiaddr.Multiaddr]], list[multiaddr.Multiaddr]] | None = None,
+) -> BasicHost:
     """Return an unstarted host with identity `key_pair` that speaks only Noise.
 
-    At most `max_connections` connections in all, and 3 per peer.
+    At most `max_connections` connections in all, and 3 per peer. `addrs_factory`, if
+    given, maps the listen addresses to the ones identify advertises (announced addresses).
     """
     noise = NoiseTransport(key_pair, noise_privkey=create_x25519_key_pair().private_key)
     # Murmur chooses whom to dial itself: no auto-connecting to reach watermarks.
@@ -26,6 +35,9 @@ def build_host(key_pair: KeyPair, *, max_connections: int = 300) -> BasicHost:
         max_connections=max_connections, max_connections_per_peer=3,
         min_connections=0, low_watermark=0, high_watermark=max_connections,
     )
-    host = new_host(key_pair=key_pair, sec_opt={NOISE_PROTOCOL_ID: noise}, muxer_preference="YAMUX", connection_config=limits)
+    host = new_host(
+        key_pair=key_pair, sec_opt={NOISE_PROTOCOL_ID: noise}, muxer_preference="YAMUX", connection_config=limits,
+        addrs_factory=addrs_factory,
+    )
     assert isinstance(host, BasicHost)
     return host

@@ -8,11 +8,13 @@ mean, which conserves Σ weight across the pair and, under `work`, Σ weight × 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
+from protocol.codec import pieces
 
 
 @dataclass(frozen=True)
@@ -77,12 +79,37 @@ def make_policy(name: str) -> WeightingPolicy:
     return POLICIES[name]()
 
 
-def merge_delta(
-    snapshot: Mapping[str, torch.Tensor], remote: Mapping[str, torch.Tensor], remote_share: float
-) -> dict[str, torch.Tensor]:
-    """The change that turns `snapshot` into the merged model.
+class MergeDelta(Mapping[str, torch.Tensor]):
+    """The change that turns `snapshot` into the merged model, one tensor per lookup.
 
     Adding it to the live model (rather than overwriting) keeps whatever the local
-    trainer learned while the exchange was in flight.
+    trainer learned while the exchange was in flight. Each tensor is computed when
+    read, and `pieces` computes it a few MB at a time, so applying a merge never holds
+    a second copy of the model.
     """
-    return {name: (remote[name] - snapshot[name]) * remote_share for name in snapshot}
+
+    def __init__(self, snapshot: Mapping[str, torch.Tensor], remote: Mapping[str, torch.Tensor], remote_share: float) -> None:
+        self._snapshot = snapshot
+        self._remote = remote
+        self._share = remote_share
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return torch.sub(self._remote[name], self._snapshot[name]).mul_(self._share)  # one temporary, not two
+
+    def pieces(self, name: str) -> Iterator[tuple[slice, torch.Tensor]]:
+        """Tensor `name` of the delta as (elements, flat float32 piece): a few MB at a time."""
+        for (elements, snap), (_, remote) in zip(pieces(self._snapshot, name), pieces(self._remote, name), strict=True):
+            yield elements, torch.sub(remote, snap).mul_(self._share)  # pieces may be views: no in-place
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._snapshot)
+
+    def __len__(self) -> int:
+        return len(self._snapshot)
+
+
+def merge_delta(
+    snapshot: Mapping[str, torch.Tensor], remote: Mapping[str, torch.Tensor], remote_share: float
+) -> MergeDelta:
+    """The change that turns `snapshot` into `snapshot + remote_share × (remote − snapshot)`."""
+    return MergeDelta(snapshot, remote, remote_share)

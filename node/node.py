@@ -13,6 +13,8 @@ import logging
 import os
 import random
 import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -22,16 +24,19 @@ from libp2p.crypto.keys import KeyPair
 
 from node.averager import AVERAGE_PROTOCOL, STATE_PROTOCOL, Averager, TaskIdentity
 from node.checkpoint import load_latest, save_checkpoint
+from node.device import describe, resolve_device
 from node.membership import PEERS_PROTOCOL, Membership
 from node.merge import make_policy
+from node.metrics import CountingTransport, NodeMetrics, Traffic, serve_metrics
 from node.peers import PeerTable
 from node.security import BanList, GuardedTransport, load_allow_list, load_secret
+from node.status import STATUS_FILE
 from node.tasks import load_task
 from node.trainer import Pacing, Trainer, TrainStats, train
 from node.transport import Libp2pTransport, Transport
 
 log = logging.getLogger("murmur.node")
-STATUS_FILE = "status.json"
+STATUS_INTERVAL = 1.0  # seconds between status.json writes (and metrics updates)
 METRICS_FILE = "metrics.jsonl"
 PARAMS_FILE = "params.pt"
 CHECKPOINT_DIR = "checkpoints"
@@ -47,6 +52,9 @@ class NodeConfig:
     run_id: str | None = None  # defaults to the task name
     listen: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
     bootstrap: list[str] = field(default_factory=list)
+    announce: list[str] = field(default_factory=list)  # public addresses peers are told instead of listen ones
+    relays: list[str] = field(default_factory=list)  # circuit-relay v2 peers to reserve a slot on and be reached via
+    relay_service: bool = False  # relay (circuit v2 hop) for peers that cannot be dialed directly
     addr_file: Path | None = None
     slowdown: float = 1.0
     step_time_ms: float | None = None
@@ -55,6 +63,7 @@ class NodeConfig:
     exchange_timeout: float = 10.0
     gossip_every: float = 1.0
     liveness_timeout: float = 10.0
+    view_size: int | None = 32  # members kept (a bounded PartialView of the swarm); None: every peer
     eval_every: float = 1.0
     duration: float | None = None  # stop after this many seconds of training
     shard: int | None = None  # defaults to a number derived from the peer ID
@@ -62,10 +71,15 @@ class NodeConfig:
     start_at: float | None = None  # Unix time to start training (benchmarks start peers together)
     checkpoint_every: float = 30.0  # seconds; also on exit
     catch_up_ratio: float = 1.0  # a resumed node adopts a peer's model carrying at least this many times its work
-    record_params: bool = False
+    record_params: bool = False  # keep the parameters at every evaluation, saved to params.pt on exit
     allow_peers: Path | None = None  # peer-ID allow-list file
     swarm_secret_file: Path | None = None
-    max_connections: int = 300  # keep the parameters at every evaluation, saved to params.pt on exit
+    max_connections: int = 300
+    wire_dtype: str = "float32"  # the dtype this node proposes for exchanges (protocol.codec.WIRE_DTYPES)
+    device: str = "auto"  # auto|cpu|cuda|cuda:N|mps (node.device.resolve_device)
+    mixed_precision: bool = False  # bf16 autocast; CUDA only
+    metrics_port: int | None = None  # serve Prometheus metrics on this port (0: any free one); None: off
+    metrics_host: str = "127.0.0.1"
 
 
 def _shard_of(peer_id: str) -> int:
@@ -73,27 +87,38 @@ def _shard_of(peer_id: str) -> int:
 
 
 class Node:
-    def __init__(self, config: NodeConfig, transport: Transport, bans: BanList | None = None) -> None:
+    def __init__(
+        self, config: NodeConfig, transport: Transport, bans: BanList | None = None,
+        listen_addresses: Callable[[], list[str]] | None = None,
+    ) -> None:
+        """`listen_addresses` gives the real listen addresses when they differ from `transport.addresses()`."""
         self.config = config
+        self._listen_addresses = listen_addresses or transport.addresses
+        self.traffic = Traffic()
+        transport = CountingTransport(transport, self.traffic)  # counts every protocol's bytes, for metrics
         self.transport = transport
         self.peer_id = transport.peer_id
         torch.set_num_threads(1)  # one core per peer: many peers share a machine
         task = load_task(config.task)
         shard = config.shard if config.shard is not None else _shard_of(self.peer_id)
-        self.trainer = Trainer(task, shard)
+        device = resolve_device(config.device)
+        self.trainer = Trainer(task, shard, device, config.mixed_precision)
+        log.info("training on %s%s", describe(device), " with bf16 autocast" if config.mixed_precision else "")
         self.identity = TaskIdentity(config.run_id or task.name, self.trainer.fingerprint)
         self.rng = random.Random(shard)
-        self.table = PeerTable(self.peer_id, config.liveness_timeout)
+        self.table = PeerTable(self.peer_id, config.liveness_timeout, view_size=config.view_size)
         self.bans = bans or BanList()
         self.membership = Membership(transport, self.table, self.identity, rng=self.rng, bans=self.bans)
         self.averager = Averager(
             transport, self.trainer, self.table, make_policy(config.weighting), self.identity,
-            exchange_timeout=config.exchange_timeout, rng=self.rng, bans=self.bans,
+            exchange_timeout=config.exchange_timeout, rng=self.rng, bans=self.bans, wire_dtype=config.wire_dtype,
         )
         self.stats = TrainStats()
         self.param_history: list[tuple[float, torch.Tensor]] = []
         self._serve_scope = anyio.CancelScope()
         self.last_eval: dict[str, float] = {}
+        self.metrics = NodeMetrics(self.peer_id, task.name)
+        self.metrics_url: str | None = None
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.resumed_from = self._restore()
         self._metrics_path = config.data_dir / METRICS_FILE
@@ -118,16 +143,24 @@ class Node:
         self.transport.set_handler(PEERS_PROTOCOL, self.membership.serve)
         self.transport.set_handler(AVERAGE_PROTOCOL, self.averager.serve_exchange)
         self.transport.set_handler(STATE_PROTOCOL, self.averager.serve_state)
-        async with self.transport.run(cfg.listen):
-            addrs = self.transport.addresses()
-            for addr in addrs:
+        async with self._metrics_endpoint(), self.transport.run(cfg.listen):
+            addrs = self.transport.addresses()  # what peers are told (announced/relayed addresses if any)
+            listening = self._listen_addresses()
+            announced = [a for a in addrs if a not in listening]
+            for addr in listening:
                 print(f"murmur: listening on {addr}", flush=True)
+            for addr in announced:
+                print(f"murmur: announcing {addr}", flush=True)
             if cfg.addr_file:
-                _write_atomic(cfg.addr_file, "".join(a + "\n" for a in addrs))
+                _write_atomic(cfg.addr_file, "".join(a + "\n" for a in listening + announced))
             task_status.started(addrs)
             try:
                 with self._serve_scope:
-                    await self._serve(cfg)
+                    async with anyio.create_task_group() as tg:
+                        # From the start: a node joining or syncing is alive too (`murmur status --health`).
+                        tg.start_soon(self._report_status)
+                        await self._serve(cfg)
+                        tg.cancel_scope.cancel()
             finally:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(3):
                     await self.membership.announce_leaving()
@@ -149,7 +182,6 @@ class Node:
         async with anyio.create_task_group() as tg:
             tg.start_soon(self.membership.run, cfg.bootstrap, cfg.gossip_every)
             tg.start_soon(self.averager.run, cfg.average_every)
-            tg.start_soon(self._report_status)
             tg.start_soon(self._checkpoint_periodically)
             if cfg.start_at is not None:
                 await anyio.sleep(max(0.0, cfg.start_at - time.time()))
@@ -189,10 +221,22 @@ class Node:
             await anyio.sleep(self.config.checkpoint_every)
             await self.save_checkpoint()
 
-    async def _report_status(self, interval: float = 1.0) -> None:
+    async def _report_status(self) -> None:
         while True:
-            self.write_status()
-            await anyio.sleep(interval)
+            status = self.write_status()
+            self.metrics.update(status, list(self.averager.recent), self.traffic)
+            await anyio.sleep(STATUS_INTERVAL)
+
+    @asynccontextmanager
+    async def _metrics_endpoint(self) -> AsyncIterator[None]:
+        """Serve this node's Prometheus metrics for the context, if `metrics_port` is set."""
+        if self.config.metrics_port is None:
+            yield
+            return
+        async with serve_metrics(self.metrics.registry, self.config.metrics_host, self.config.metrics_port) as url:
+            self.metrics_url = url
+            print(f"murmur: metrics at {url}", flush=True)
+            yield
 
     def status(self) -> dict:
         now = time.monotonic()
@@ -202,6 +246,7 @@ class Node:
             "peer_id": self.peer_id,
             "addrs": self.transport.addresses(),
             "task": self.trainer.task.name,
+            "device": str(self.trainer.device),
             "t": time.time(),
             "uptime_s": elapsed,
             "samples": self.trainer.samples,
@@ -217,10 +262,19 @@ class Node:
             "peers": sorted(self.table.members),
             "compute_fraction": self.stats.compute_fraction(now),
             "eval_fraction": self.stats.eval_s / elapsed if elapsed else 0.0,
+            "pid": os.getpid(),
+            "status_interval": STATUS_INTERVAL,
+            "bytes_in": sum(self.traffic.received.values()),  # all Murmur streams, not only parameters
+            "bytes_out": sum(self.traffic.sent.values()),
+            "partner_distance": self.averager.last_partner_distance,
+            "metrics_url": self.metrics_url,
         }
 
-    def write_status(self) -> None:
-        _write_atomic(self.config.data_dir / STATUS_FILE, json.dumps(self.status(), indent=1))
+    def write_status(self) -> dict:
+        """Write `status()` to the data dir's status.json (atomically) and return it."""
+        status = self.status()
+        _write_atomic(self.config.data_dir / STATUS_FILE, json.dumps(status, indent=1))
+        return status
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -231,14 +285,19 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def build_transport(config: NodeConfig, key_pair: KeyPair, bans: BanList) -> GuardedTransport:
     """The node's libp2p transport behind its allow-list, swarm secret, bans and limits."""
-    inner = Libp2pTransport(key_pair, max_connections=config.max_connections)
+    inner = Libp2pTransport(
+        key_pair, max_connections=config.max_connections,
+        announce=config.announce, relays=config.relays, relay_service=config.relay_service,
+    )
     guarded = GuardedTransport(
         inner,
         allow=load_allow_list(config.allow_peers) if config.allow_peers else None,
         secret=load_secret(config.swarm_secret_file) if config.swarm_secret_file else None,
         bans=bans,
     )
-    inner.gate_connections(guarded.refusal)
+    relay_ids = inner.relay.relay_ids()
+    # Our relays may connect even when not allowed to take part: the reservation needs the connection.
+    inner.gate_connections(lambda peer: None if peer in relay_ids else guarded.refusal(peer))
     return guarded
 
 
@@ -246,4 +305,6 @@ def build_node(config: NodeConfig, key_pair: KeyPair) -> Node:
     """A libp2p node for `config`, with its ban list kept in the data dir."""
     config.data_dir.mkdir(parents=True, exist_ok=True)
     bans = BanList(config.data_dir / BANS_FILE)
-    return Node(config, build_transport(config, key_pair, bans), bans)
+    transport = build_transport(config, key_pair, bans)
+    assert isinstance(transport.inner, Libp2pTransport)
+    return Node(config, transport, bans, listen_addresses=transport.inner.listen_addresses)

@@ -6,6 +6,10 @@ that others still list cannot come back. A member that goes silent becomes dorma
 it is redialed with exponential backoff for a while (so two halves of a healed
 partition find each other again) and then forgotten. Every method takes `now`;
 nothing here sleeps or does I/O.
+
+With `view_size`, the members form a bounded `PartialView`: admitting a new member
+to a full view drops the oldest one, so a node in a large swarm keeps a rotating
+sample of it (fed by the peers rumoured in hellos) instead of a full list.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from node.view import PartialView
 from protocol.messages import MAX_PEERS_PER_HELLO, PeerRecord
 
 MAX_CANDIDATES = 256
@@ -34,7 +39,10 @@ class _Backoff:
 
 @dataclass
 class PeerTable:
-    """Members (verified live), candidates (rumoured) and dial backoff, by peer ID."""
+    """Members (verified live), candidates (rumoured) and dial backoff, by peer ID.
+
+    `view_size` bounds the members (None: unbounded); `view` then holds the same peer IDs.
+    """
 
     self_id: str
     liveness_timeout: float
@@ -42,6 +50,12 @@ class PeerTable:
     candidates: dict[str, list[str]] = field(default_factory=dict)
     dormant: dict[str, list[str]] = field(default_factory=dict)
     _backoff: dict[str, _Backoff] = field(default_factory=dict)
+    view_size: int | None = None
+    view: PartialView | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.view_size is not None:
+            self.view = PartialView(self.self_id, self.view_size, shuffle_length=min(8, self.view_size))
 
     def observe(self, peer_id: str, addrs: list[str], now: float) -> bool:
         """Record direct contact with `peer_id`; return True if it is a new member."""
@@ -52,6 +66,10 @@ class PeerTable:
         self._backoff.pop(peer_id, None)
         entry = self.members.get(peer_id)
         if entry is None:
+            if self.view is not None:
+                admission = self.view.admit(peer_id, addrs)
+                if admission.evicted is not None:  # it may come back later through peer exchange
+                    self.members.pop(admission.evicted, None)
             self.members[peer_id] = PeerEntry(peer_id, list(addrs), now)
             return True
         entry.last_seen = now
@@ -92,6 +110,8 @@ class PeerTable:
     def forget(self, peer_id: str) -> None:
         """Drop `peer_id` entirely (it said it is leaving): it will not be redialed."""
         self.members.pop(peer_id, None)
+        if self.view is not None:
+            self.view.remove(peer_id)
         self.candidates.pop(peer_id, None)
         self.dormant.pop(peer_id, None)
 
@@ -100,6 +120,8 @@ class PeerTable:
         dead = [p for p, e in self.members.items() if now - e.last_seen > self.liveness_timeout]
         for peer_id in dead:
             entry = self.members.pop(peer_id)
+            if self.view is not None:
+                self.view.remove(peer_id)
             if len(self.dormant) < MAX_CANDIDATES:
                 self.dormant[peer_id] = entry.addrs
                 self.dial_failed(peer_id, now)

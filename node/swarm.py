@@ -48,6 +48,15 @@ def murmur_command() -> list[str]:
     return [sys.executable, "-m", "node.cli"]
 
 
+def peer_environment() -> dict[str, str]:
+    """This process's environment minus `MURMUR_*`: local peers are configured by their flags alone.
+
+    An exported `MURMUR_METRICS_PORT`, say, would otherwise make every peer after the
+    first fail to bind it.
+    """
+    return {k: v for k, v in os.environ.items() if not k.startswith("MURMUR_")}
+
+
 def start_peer(
     index: int, root: Path, slowdown: float, extra: list[str], bootstrap: str | None, command: list[str] | None = None
 ) -> Peer:
@@ -63,7 +72,7 @@ def start_peer(
         args += ["--bootstrap", bootstrap]
     log = (data_dir / "log.txt").open("w")
     # A new session: Ctrl-C reaches only the controller, which stops peers by PID.
-    process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=peer_environment())
     return Peer(index, slowdown, data_dir, process)
 
 

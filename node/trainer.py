@@ -2,32 +2,48 @@
 
 `Trainer` is synchronous and thread-safe: `step`, `snapshot`, `apply_merge`, `adopt`
 and `evaluate` each hold one lock, so merges land between steps and never tear a step.
+The model and its batches live on the trainer's device; snapshots and checkpoints are
+CPU copies, and merged or adopted tensors may come from any device and float dtype.
 `train` is the async loop that runs steps on a worker thread at this peer's own pace
 (emulated slowdowns sleep on the event loop), so the network never waits for torch.
 """
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import anyio
 import torch
 
+from node.device import autocast, check_mixed_precision, cpu_copy, to_device
+from node.merge import MergeDelta
 from node.tasks import Task
-from protocol.codec import TensorSpec
+from protocol.codec import TensorSpec, WireState, pieces, quantize
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    """A copy of the model's exchanged tensors and the work weight they carry."""
+    """A CPU copy of the model's exchanged tensors in a wire dtype, and the work weight they carry.
 
-    state: dict[str, torch.Tensor]
+    `state[name]` reads a tensor as CPU float32 (see `WireState`).
+    """
+
+    state: WireState
     weight: float
+
+
+@contextlib.contextmanager
+def _flat(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
+    """A flat view of `tensor` to update in place (via a copy written back if it is not contiguous)."""
+    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
+    yield flat
+    if flat.data_ptr() != tensor.data_ptr():
+        tensor.copy_(flat.view_as(tensor))
 
 
 @dataclass(frozen=True)
@@ -50,9 +66,20 @@ class Pacing:
 
 
 class Trainer:
-    def __init__(self, task: Task, shard: int, device: str = "cpu") -> None:
+    def __init__(
+        self, task: Task, shard: int, device: str | torch.device = "cpu", mixed_precision: bool = False
+    ) -> None:
+        """Build `task`'s model on `device` (an explicit one: see `node.device.resolve_device`).
+
+        `mixed_precision` runs the forward pass and loss under bf16 autocast (parameters and
+        optimizer state stay in their own dtype); raises `DeviceError` where that is refused.
+        """
         self.task = task
-        self.model = task.build_model().to(device)
+        self.device = torch.device(device)
+        if mixed_precision:
+            check_mixed_precision(self.device)
+        self.mixed_precision = mixed_precision
+        self.model = task.build_model().to(self.device)
         self.optimizer = task.make_optimizer(self.model)
         self.spec = TensorSpec.of(self.model.state_dict())
         self.architecture = " ".join(type(m).__name__ for m in self.model.modules())
@@ -69,51 +96,67 @@ class Trainer:
 
     def step(self) -> float:
         """Run one training step; return its compute time in seconds (lock wait excluded)."""
-        batch = next(self._batches)
+        batch = to_device(next(self._batches), self.device)
         with self._lock:
             start = time.perf_counter()
             self.model.train()
-            loss = self.task.loss(self.model, batch)
+            with autocast(self.device, self.mixed_precision):
+                loss = self.task.loss(self.model, batch)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
             n = len(batch[0])
             self.samples += n
             self.weight += n
-            self.last_loss = loss.item()
+            self.last_loss = loss.item()  # also waits for the GPU, so the time below is the step's real compute
             return time.perf_counter() - start
 
-    def snapshot(self) -> Snapshot:
-        with self._lock:
-            return Snapshot({n: t.detach().clone() for n, t in self._live.items()}, self.weight)
+    def snapshot(self, wire_dtype: str = "float32") -> Snapshot:
+        """A CPU copy of the exchanged tensors in `wire_dtype`, the form they travel in.
 
-    def apply_merge(self, delta: Mapping[str, torch.Tensor], snapshot_weight: float, weight_after: float) -> None:
-        """Add `delta` to the live model and move the weight by the merge's change."""
+        Partners' models arrive in the same wire dtype, so screening and merge deltas
+        compare like with like whatever this model's device or dtype.
+        """
+        with self._lock:
+            return Snapshot(quantize(self._live, self.spec, wire_dtype), self.weight)
+
+    def apply_merge(self, delta: MergeDelta, snapshot_weight: float, weight_after: float) -> None:
+        """Add `delta` to the live model, piece by piece, and move the weight by the merge's change."""
         with self._lock, torch.no_grad():
-            for name, change in delta.items():
-                self._live[name].add_(change.to(self._live[name].device, self._live[name].dtype))
+            for name in delta:
+                with _flat(self._live[name]) as flat:
+                    for elements, change in delta.pieces(name):
+                        flat[elements].add_(change.to(flat.device, flat.dtype))
             self.weight += weight_after - snapshot_weight
 
     def adopt(self, state: Mapping[str, torch.Tensor], weight: float) -> None:
-        """Replace the model with `state` (state sync); the optimizer state is kept."""
+        """Replace the model with `state` (state sync; any device, float dtype); the optimizer state is kept."""
         with self._lock, torch.no_grad():
-            for name, tensor in state.items():
-                self._live[name].copy_(tensor)
+            for name in state:
+                with _flat(self._live[name]) as flat:
+                    for elements, piece in pieces(state, name):
+                        flat[elements].copy_(piece.to(flat.device, flat.dtype))
             self.weight = weight
 
     def checkpoint_state(self) -> dict:
-        """Everything needed to resume: model, optimizer, work weight and counters."""
+        """Everything needed to resume: model, optimizer, work weight and counters, as CPU tensors.
+
+        CPU copies keep a checkpoint loadable on any machine: a GPU node's resumes on a CPU one.
+        """
         with self._lock:
             return {
                 "fingerprint": self.fingerprint,
-                "model": {n: t.detach().clone() for n, t in self.model.state_dict().items()},
-                "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+                "model": cpu_copy(self.model.state_dict()),
+                "optimizer": cpu_copy(self.optimizer.state_dict()),
                 "weight": self.weight,
                 "samples": self.samples,
             }
 
     def restore(self, state: dict) -> None:
-        """Resume from `checkpoint_state()` output; raises `ValueError` for another task's."""
+        """Resume from `checkpoint_state()` output; raises `ValueError` for another task's.
+
+        Tensors are copied onto this model's device and dtype (the optimizer's state follows its parameters).
+        """
         if state.get("fingerprint") != self.fingerprint:
             raise ValueError("checkpoint belongs to another task or model (fingerprint differs)")
         with self._lock:

@@ -29,8 +29,12 @@ from libp2p.peer.peerinfo import PeerInfo
 from libp2p.utils.address_validation import expand_wildcard_address
 
 from node.host import build_host
+from node.relay import CircuitRelay, RelayError, is_circuit
 
 READ_CHUNK = 1 << 20
+# When a peer offers a relayed address too, a direct dial gets this long before we use the relay:
+# an unreachable NAT address may hang until the TCP timeout.
+DIRECT_DIAL_TIMEOUT = 2.0
 log = logging.getLogger("murmur.transport")
 
 
@@ -147,11 +151,31 @@ class _ConnectionGate(INotifee):
 
 
 class Libp2pTransport(Transport):
-    """The real transport: a Noise-only py-libp2p host over TCP with yamux."""
+    """The real transport: a Noise-only py-libp2p host over TCP with yamux.
 
-    def __init__(self, key_pair: KeyPair, *, max_connections: int = 300) -> None:
-        self.host: BasicHost = build_host(key_pair, max_connections=max_connections)
-        self.peer_id = self.host.get_id().to_base58()
+    Behind NAT: `announce` lists public addresses (`/ip4/…/tcp/…`, optionally ending in our
+    `/p2p/<id>`) that replace the listen addresses in what peers are told; `relays` are
+    circuit-relay v2 peers (`…/p2p/<relay id>`) to reserve a slot on, whose circuit
+    addresses are advertised too; `relay_service` makes this node relay for others.
+    Raises `ValueError` for a malformed address.
+    """
+
+    def __init__(
+        self,
+        key_pair: KeyPair,
+        *,
+        max_connections: int = 300,
+        announce: Sequence[str] = (),
+        relays: Sequence[str] = (),
+        relay_service: bool = False,
+    ) -> None:
+        self.peer_id = ID.from_pubkey(key_pair.public_key).to_base58()
+        self.announce = [_own_address(a, self.peer_id) for a in announce]
+        # Identify advertises the announced addresses only: py-libp2p's get_addrs() cuts an
+        # address at its first /p2p/, which would turn a circuit address into the relay's own.
+        factory = (lambda _listen: [multiaddr.Multiaddr(a) for a in self.announce]) if announce or relays else None
+        self.host: BasicHost = build_host(key_pair, max_connections=max_connections, addrs_factory=factory)
+        self.relay = CircuitRelay(self.host, relays=relays, hop=relay_service)
 
     def gate_connections(self, refuse: Callable[[str], str | None]) -> None:
         """Close every new connection whose peer ID `refuse` gives a reason for."""
@@ -159,10 +183,18 @@ class Libp2pTransport(Transport):
 
     @asynccontextmanager
     async def run(self, listen: Sequence[str]) -> AsyncIterator[None]:
-        async with self.host.run([multiaddr.Multiaddr(a) for a in listen]):
+        """Listen on `listen` (may be empty: dial out only) and hold the relay reservations."""
+        async with self.host.run([multiaddr.Multiaddr(a) for a in listen]), self.relay.run():
             yield
 
     def addresses(self) -> list[str]:
+        """What peers are told: announced and relayed addresses if configured, else the listen addresses."""
+        if not self.announce and not self.relay.relays:
+            return self.listen_addresses()
+        return [f"{a}/p2p/{self.peer_id}" for a in self.announce] + self.relay.addresses()
+
+    def listen_addresses(self) -> list[str]:
+        """The addresses this host really listens on (wildcards expanded), each ending in `/p2p/<id>`."""
         addrs: list[str] = []
         for addr in self.host.get_transport_addrs():
             if addr.value_for_protocol("ip4") == "0.0.0.0":
@@ -183,14 +215,40 @@ class Libp2pTransport(Transport):
         try:
             pid = ID.from_base58(peer_id)
             if pid not in self.host.get_connected_peers():
-                await self.host.connect(PeerInfo(pid, [multiaddr.Multiaddr(_strip_p2p(a)) for a in addrs]))
+                await self._connect(pid, addrs)
             return _Libp2pStream(await self.host.new_stream(pid, [protocol]))
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:
             raise TransportError(f"cannot open {protocol} to {peer_id[-8:]}: {exc!r}") from exc
 
+    async def _connect(self, pid: ID, addrs: Sequence[str]) -> None:
+        """Dial directly first, then through each relay of a `/p2p-circuit` address; raise if all fail."""
+        direct = [a for a in addrs if not is_circuit(a)]
+        circuits = [a for a in addrs if is_circuit(a)]
+        if not circuits:
+            await self.host.connect(PeerInfo(pid, [multiaddr.Multiaddr(_strip_p2p(a)) for a in direct]))
+            return
+        failures: list[str] = []
+        if direct:
+            try:
+                with anyio.fail_after(DIRECT_DIAL_TIMEOUT):
+                    await self.host.connect(PeerInfo(pid, [multiaddr.Multiaddr(_strip_p2p(a)) for a in direct]))
+                return
+            except Exception as exc:
+                failures.append(f"direct: {exc!r}")
+        for addr in circuits:
+            try:
+                await self.relay.dial(addr)
+                return
+            except RelayError as exc:
+                failures.append(str(exc))
+        raise TransportError("; ".join(failures))
+
     async def hang_up(self, peer_id: str) -> None:
+        """Close every connection to `peer_id`, except to our own relays: those carry our reservation."""
+        if peer_id in self.relay.relay_ids():
+            return
         with anyio.CancelScope(shield=True), anyio.move_on_after(2):
             try:
                 await self.host.disconnect(ID.from_base58(peer_id))
@@ -200,6 +258,22 @@ class Libp2pTransport(Transport):
 
 def _strip_p2p(addr: str) -> str:
     return addr.split("/p2p/")[0]
+
+
+def _own_address(addr: str, peer_id: str) -> str:
+    """`addr` without a trailing `/p2p/<peer_id>`; raises `ValueError` if malformed or another peer's."""
+    try:
+        multiaddr.Multiaddr(addr)
+    except Exception as exc:
+        raise ValueError(f"announce address {addr!r} is not a valid multiaddr: {exc}") from exc
+    if is_circuit(addr):
+        raise ValueError(f"announce address {addr!r} is a relay circuit: use --relay <relay address> instead")
+    head, sep, tail = addr.rpartition("/p2p/")
+    if not sep:
+        return addr
+    if tail != peer_id:
+        raise ValueError(f"announce address {addr!r} names peer {tail}, not this node ({peer_id})")
+    return head
 
 
 class MemoryNetwork:

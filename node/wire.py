@@ -1,11 +1,14 @@
-"""Drive a sans-IO `Exchange` over a `ByteStream`."""
+"""Drive a sans-IO `Exchange` over a `ByteStream`, and stream models through it."""
 
 from __future__ import annotations
 
+import anyio
+
 from node.transport import ByteStream
-from protocol.errors import PeerAborted
+from protocol.codec import TensorSpec, WireDecoder, WireState, wire_chunks
+from protocol.errors import PeerAborted, ProtocolViolation, TensorMismatch
 from protocol.exchange import Exchange
-from protocol.messages import Abort, Message
+from protocol.messages import Abort, Chunk, Message, Params
 
 
 class Conversation:
@@ -31,3 +34,29 @@ class Conversation:
             if isinstance(event, Message):
                 return event
             self.exchange.receive_data(await self.stream.receive_some())
+
+    async def send_params(self, wire: WireState, spec: TensorSpec) -> int:
+        """Announce `wire` and stream it in chunks; return the parameter bytes sent."""
+        size = spec.wire_size(wire.dtype)
+        await self.send(Params(wire.dtype, spec.layout, size))
+        for chunk in wire_chunks(wire, spec):
+            await self.send(Chunk(bytes(chunk)))
+        return size
+
+    async def receive_params(self, spec: TensorSpec, dtype: str) -> WireState:
+        """Receive one model announced by `Params` in wire dtype `dtype`, validated against `spec`.
+
+        Raises `TensorMismatch` for another dtype, layout or size (before allocating),
+        `NonFiniteTensor` for NaN/Inf, and whatever `receive` raises.
+        """
+        params = await self.receive()
+        if not isinstance(params, Params):
+            raise ProtocolViolation(f"expected Params, got {type(params).__name__}")
+        if params.dtype != dtype:
+            raise TensorMismatch(f"parameters arrive as {params.dtype!r}, {dtype!r} was agreed")
+        decoder = WireDecoder(spec, params.dtype, params.layout, params.size)
+        while not decoder.complete:
+            chunk = await self.receive()
+            assert isinstance(chunk, Chunk)  # the exchange allows nothing else while bytes are owed
+            decoder.feed(chunk.payload)
+        return await anyio.to_thread.run_sync(decoder.finish)

@@ -1,30 +1,42 @@
-"""Tensor codec: a model's floating-point state as bytes, validated on the way in.
+"""Tensor codec: a model's floating-point tensors as they travel, in chunks, validated on arrival.
 
-Layout: `header_len:u32be | header (UTF-8 JSON) | raw data`. The header lists
-`[name, dtype, shape]` per tensor, in order; the data is each tensor's little-endian
-bytes, concatenated. The wire format is independent of device and of the model's
-dtype: tensors travel as float32.
+A model travels as a `WireState`: every tensor of its `TensorSpec`, in spec order, in
+one wire dtype — `float32`, `bfloat16`, `float16`, or `int8` with one float32 scale per
+tensor. The byte stream is the scales (int8 only) then each tensor's little-endian
+bytes, cut into chunks; nothing else. What the bytes mean is settled before they flow:
+the sender announces the wire dtype, the layout digest of its spec and the exact byte
+size (`protocol.messages.Params`), and a receiver accepts them only if all three match
+its own model, so it allocates exactly one buffer of the right size, up front.
 
-A receiver decodes only against its own `TensorSpec`: every name, dtype, shape and
-byte size must match and every value must be finite, or a typed error names the
-first field at fault. Nothing is allocated for data before the sizes check out.
+The wire format is independent of device and of the model's dtype. Both sides of an
+exchange quantize their own model to the same wire dtype and move by their share of
+the difference of the two quantized models: models that agree do not move at all, and
+a lossy dtype's error stays within its resolution of the exact merge.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import struct
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from protocol.errors import MalformedMessage, NonFiniteTensor, TensorMismatch
+from protocol.messages import MAX_CHUNK_BYTES, WIRE_DTYPE_NAMES
 
-WIRE_DTYPE = torch.float32
-_WIRE_DTYPE_NAME = "float32"
-_HEADER_LEN = struct.Struct("!I")
+WIRE_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8,
+}  # fmt: skip
+assert tuple(WIRE_DTYPES) == WIRE_DTYPE_NAMES
+CHUNK_BYTES = MAX_CHUNK_BYTES
+_SCALE_BYTES = 4
+_MAX_SCALE = torch.finfo(torch.float32).max / 127  # larger scales overflow float32 when dequantized
+_MIN_SCALE = torch.finfo(torch.float32).smallest_normal
+assert sys.byteorder == "little", "the wire format is little-endian and is written from memory as is"
 
 
 @dataclass(frozen=True)
@@ -43,16 +55,21 @@ class TensorSpec:
         return sum(_numel(shape) for _, shape in self.entries)
 
     def header(self) -> bytes:
-        return json.dumps([[n, _WIRE_DTYPE_NAME, list(s)] for n, s in self.entries], separators=(",", ":")).encode()
+        return json.dumps([[n, "float32", list(s)] for n, s in self.entries], separators=(",", ":")).encode()
 
     @property
-    def encoded_size(self) -> int:
-        """The exact byte size of an encoding of a state with this spec."""
-        return _HEADER_LEN.size + len(self.header()) + 4 * self.numel
+    def layout(self) -> str:
+        """A hex digest of every name and shape, in order: what `Params` announces."""
+        return self.fingerprint()
 
     def fingerprint(self, architecture: str = "") -> str:
         """A hex digest of the architecture description plus every name and shape."""
         return hashlib.sha256(architecture.encode() + self.header()).hexdigest()
+
+    def wire_size(self, dtype: str) -> int:
+        """The exact byte size of a model with this spec in wire dtype `dtype`."""
+        scales = _SCALE_BYTES * len(self.entries) if dtype == "int8" else 0
+        return scales + WIRE_DTYPES[dtype].itemsize * self.numel
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -62,67 +79,173 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def encode_state(state: Mapping[str, torch.Tensor], spec: TensorSpec) -> bytes:
-    """Encode the tensors named by `spec` from `state` (any device or float dtype)."""
-    parts = [_HEADER_LEN.pack(len(spec.header())), spec.header()]
-    for name, _ in spec.entries:
-        tensor = state[name].detach().to(device="cpu", dtype=WIRE_DTYPE).contiguous()
-        parts.append(tensor.numpy().astype("<f4", copy=False).tobytes())
-    return b"".join(parts)
+def check_wire_dtype(dtype: str) -> str:
+    """Return `dtype` if it is a wire dtype; raises `ValueError` listing the choices."""
+    if dtype not in WIRE_DTYPES:
+        raise ValueError(f"unknown wire dtype {dtype!r}; choose from {sorted(WIRE_DTYPES)}")
+    return dtype
 
 
-def decode_state(data: bytes, spec: TensorSpec) -> dict[str, torch.Tensor]:
-    """Decode `data` into float32 CPU tensors, checked against the local `spec`.
+class WireState(Mapping[str, torch.Tensor]):
+    """A model's tensors in a wire dtype; reading one (`state[name]`) gives it as CPU float32.
 
-    Raises `MalformedMessage` for a truncated or unparsable header, `TensorMismatch`
-    naming the first tensor whose name, dtype, shape or byte size differs, and
-    `NonFiniteTensor` naming a tensor that holds NaN or Inf.
+    Holds `tensors` (CPU, wire dtype, spec order) and, for int8, one scale per tensor
+    (value = q × scale). Reading dequantizes one tensor at a time, so code that walks
+    the model tensor by tensor never holds a second full-precision copy.
     """
-    if len(data) < _HEADER_LEN.size:
-        raise MalformedMessage(f"tensor payload of {len(data)} bytes is shorter than its header length field")
-    (header_len,) = _HEADER_LEN.unpack_from(data)
-    if header_len > len(data) - _HEADER_LEN.size:
-        raise MalformedMessage(f"tensor header of {header_len} bytes overruns a {len(data)}-byte payload")
-    header_bytes = data[_HEADER_LEN.size : _HEADER_LEN.size + header_len]
-    if header_bytes != spec.header():
-        _explain_header_mismatch(header_bytes, spec)
-    offset = _HEADER_LEN.size + header_len
-    if len(data) != offset + 4 * spec.numel:
-        raise TensorMismatch(f"payload holds {len(data) - offset} data bytes, the local model needs {4 * spec.numel}")
-    view = memoryview(data)
+
+    def __init__(self, dtype: str, tensors: dict[str, torch.Tensor], scales: dict[str, float] | None = None) -> None:
+        self.dtype = check_wire_dtype(dtype)
+        self.tensors = tensors
+        self.scales = scales or {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        tensor = self.tensors[name]
+        if self.dtype == "int8":
+            return tensor.to(torch.float32) * self.scales[name]
+        return tensor.to(torch.float32)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def piece(self, name: str, elements: slice) -> torch.Tensor:
+        """Elements `elements` of tensor `name`, flattened, as CPU float32."""
+        piece = self.tensors[name].reshape(-1)[elements].to(torch.float32)
+        return piece * self.scales[name] if self.dtype == "int8" else piece
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values()) + _SCALE_BYTES * len(self.scales)
+
+
+PIECE = 1 << 20  # elements per piece: bounds the temporaries of whole-model arithmetic
+
+
+def pieces(state: Mapping[str, torch.Tensor], name: str, size: int = PIECE) -> Iterator[tuple[slice, torch.Tensor]]:
+    """Tensor `name` of `state` as (elements, flat CPU float32 piece) of at most `size` elements.
+
+    Walking a model piece by piece keeps temporaries at a few MB however big its
+    tensors are; a `WireState` dequantizes only the piece asked for.
+    """
+    flat = (state.tensors[name] if isinstance(state, WireState) else state[name]).reshape(-1)
+    for start in range(0, flat.numel(), size):
+        elements = slice(start, min(start + size, flat.numel()))
+        if isinstance(state, WireState):
+            yield elements, state.piece(name, elements)
+        else:
+            yield elements, flat[elements].to("cpu", torch.float32)
+
+
+def quantize(state: Mapping[str, torch.Tensor], spec: TensorSpec, dtype: str) -> WireState:
+    """The tensors named by `spec` from `state` (any device, float dtype) as a CPU `WireState`."""
+    check_wire_dtype(dtype)
     tensors: dict[str, torch.Tensor] = {}
-    for name, shape in spec.entries:
-        size = 4 * _numel(shape)
-        chunk = bytearray(view[offset : offset + size])
-        flat = torch.frombuffer(chunk, dtype=torch.float32) if size else torch.empty(0)
-        offset += size
-        tensor = flat.reshape(shape)
-        if not torch.isfinite(tensor).all():
-            raise NonFiniteTensor(f"tensor {name!r} holds NaN or Inf")
-        tensors[name] = tensor
-    return tensors
+    scales: dict[str, float] = {}
+    for name, _ in spec.entries:
+        t = state[name].detach()
+        if dtype == "int8":
+            absmax = t.abs().max().item() if t.numel() else 0.0  # (a tensor-sized temporary; the rest goes by pieces)
+            # As float32, the form it travels in, so both sides dequantize alike; never below
+            # the smallest normal float32, so it cannot underflow to 0.
+            scales[name] = torch.tensor(max(absmax / 127, _MIN_SCALE) if absmax > 0 else 1.0, dtype=torch.float32).item()
+            q = torch.empty(t.shape, dtype=torch.int8)
+            for elements, piece in pieces(state, name):
+                q.view(-1)[elements] = torch.div(piece, scales[name]).round_().clamp_(-127, 127).to(torch.int8)
+            tensors[name] = q
+        else:
+            tensors[name] = t.to("cpu", WIRE_DTYPES[dtype], copy=True).contiguous()
+    return WireState(dtype, tensors, scales)
 
 
-def _explain_header_mismatch(header_bytes: bytes, spec: TensorSpec) -> None:
-    try:
-        entries = json.loads(header_bytes.decode("utf-8"))
-        if not isinstance(entries, list):
-            raise ValueError("not a list")
-    except (ValueError, RecursionError) as exc:
-        raise MalformedMessage(f"tensor header is not a JSON list ({exc})") from None
-    for i, (name, shape) in enumerate(spec.entries):
-        if i >= len(entries):
-            raise TensorMismatch(f"tensor {name!r} is missing")
-        entry = entries[i]
-        if not (isinstance(entry, list) and len(entry) == 3):
-            raise MalformedMessage(f"tensor header entry {i} is not [name, dtype, shape]")
-        got_name, got_dtype, got_shape = entry
-        if got_name != name:
-            raise TensorMismatch(f"tensor {i} is named {got_name!r}, expected {name!r}")
-        if got_dtype != _WIRE_DTYPE_NAME:
-            raise TensorMismatch(f"tensor {name!r} has dtype {got_dtype!r}, expected {_WIRE_DTYPE_NAME!r}")
-        if got_shape != list(shape):
-            raise TensorMismatch(f"tensor {name!r} has shape {got_shape}, expected {list(shape)}")
-    if len(entries) != len(spec.entries):
-        raise TensorMismatch(f"header lists {len(entries)} tensors, the local model has {len(spec.entries)}")
-    raise MalformedMessage("tensor header is not in canonical form")
+def _raw_bytes(tensor: torch.Tensor) -> memoryview:
+    flat = tensor.contiguous().reshape(-1)
+    # numpy has no bfloat16: reinterpret the bits as int16 (same bytes, same order).
+    return memoryview(flat.view(torch.int16).numpy() if flat.dtype == torch.bfloat16 else flat.numpy()).cast("B")
+
+
+def wire_chunks(wire: WireState, spec: TensorSpec, chunk_bytes: int = CHUNK_BYTES) -> Iterator[memoryview]:
+    """The bytes of `wire` in spec order, as views of at most `chunk_bytes` (no full copy)."""
+    if wire.dtype == "int8":
+        scales = torch.tensor([wire.scales[name] for name, _ in spec.entries], dtype=torch.float32)
+        yield _raw_bytes(scales)
+    for name, _ in spec.entries:
+        data = _raw_bytes(wire.tensors[name])
+        for start in range(0, len(data), chunk_bytes):
+            yield data[start : start + chunk_bytes]
+
+
+def encode_state(state: Mapping[str, torch.Tensor], spec: TensorSpec, dtype: str = "float32") -> bytes:
+    """All of `state`'s wire bytes at once (checkpoints, tests; exchanges stream `wire_chunks`)."""
+    return b"".join(wire_chunks(quantize(state, spec, dtype), spec))
+
+
+class WireDecoder:
+    """Receives one model's wire bytes into a buffer sized from the local spec.
+
+    The constructor checks the announced dtype, layout and size against `spec` before
+    allocating anything (`MalformedMessage` for an unknown dtype, `TensorMismatch`
+    otherwise); `feed` refuses bytes beyond the announced size; `finish` checks that
+    every byte arrived, every scale is positive and finite and every value is finite
+    (`NonFiniteTensor` naming the tensor), and returns the `WireState`.
+    """
+
+    def __init__(self, spec: TensorSpec, dtype: str, layout: str, size: int) -> None:
+        if dtype not in WIRE_DTYPES:
+            raise MalformedMessage(f"unknown wire dtype {dtype!r}")
+        if layout != spec.layout:
+            raise TensorMismatch(f"parameter layout {layout[:12]} differs from the local model's {spec.layout[:12]}")
+        if size != spec.wire_size(dtype):
+            raise TensorMismatch(f"{size} bytes announced, the local model needs {spec.wire_size(dtype)} in {dtype}")
+        self.spec = spec
+        self.dtype = dtype
+        self.size = size
+        self._buffer = torch.empty(size, dtype=torch.uint8)
+        self._received = 0
+
+    @property
+    def complete(self) -> bool:
+        return self._received == self.size
+
+    def feed(self, data: bytes | memoryview) -> None:
+        """Append `data`; raises `MalformedMessage` if it overruns the announced size."""
+        n = len(data)
+        if n > self.size - self._received:
+            raise MalformedMessage(f"{self._received + n} parameter bytes sent, {self.size} were announced")
+        if n:  # numpy views `data` without a copy; the assignment is the one copy
+            self._buffer.numpy()[self._received : self._received + n] = np.frombuffer(data, dtype=np.uint8)
+        self._received += n
+
+    def finish(self) -> WireState:
+        """The received model, validated (see the class docstring)."""
+        if not self.complete:
+            raise MalformedMessage(f"only {self._received} of {self.size} announced parameter bytes arrived")
+        offset = 0
+        scales: dict[str, float] = {}
+        if self.dtype == "int8":
+            n = _SCALE_BYTES * len(self.spec.entries)
+            values = self._buffer[:n].view(torch.float32).tolist()
+            for (name, _), scale in zip(self.spec.entries, values, strict=True):
+                if not 0 < scale <= _MAX_SCALE:  # also false for NaN
+                    raise NonFiniteTensor(f"tensor {name!r} has int8 scale {scale!r}; it must be in (0, {_MAX_SCALE:.3g}]")
+                scales[name] = scale
+            offset = n
+        tensors: dict[str, torch.Tensor] = {}
+        wire_dtype = WIRE_DTYPES[self.dtype]
+        for name, shape in self.spec.entries:
+            size = wire_dtype.itemsize * _numel(shape)
+            flat = self._buffer[offset : offset + size].view(wire_dtype)
+            offset += size
+            if flat.is_floating_point() and not all(torch.isfinite(flat[i : i + PIECE]).all() for i in range(0, flat.numel(), PIECE)):
+                raise NonFiniteTensor(f"tensor {name!r} holds NaN or Inf")
+            tensors[name] = flat.reshape(shape)
+        return WireState(self.dtype, tensors, scales)
+
+
+def decode_state(data: bytes, spec: TensorSpec, dtype: str = "float32") -> WireState:
+    """Decode all of a model's wire bytes at once; raises as `WireDecoder` does."""
+    decoder = WireDecoder(spec, dtype, spec.layout, len(data))
+    decoder.feed(data)
+    return decoder.finish()

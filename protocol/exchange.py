@@ -7,6 +7,14 @@ may send or receive in each state; anything else raises `LocalProtocolError` (ou
 bug) or `ProtocolViolation` (the peer's), naming the message, role and state. Frame
 sizes are checked from the header, before the body is buffered.
 
+A `Params` announcement is followed by exactly its `size` bytes in `Chunk` frames,
+which the machine counts per direction: a chunk nobody announced, one that overruns
+the announcement, or any other message (`Abort` excepted) before the announced bytes
+are complete is a violation. Averaging is full duplex: after `Accept`, both sides
+stream their parameters at once, in either order; then each commits once it has
+checked the other's model, the responder first, so neither applies a merge that the
+other refused.
+
     ex = Exchange(Role.RESPONDER, AVERAGE)
     ex.receive_data(frame[:5]); assert ex.next_event() is NEED_DATA
     ex.receive_data(frame[5:]); assert isinstance(ex.next_event(), Offer)
@@ -21,10 +29,12 @@ from typing import Final
 from protocol.errors import FrameTooLarge, LocalProtocolError, PeerClosed, ProtocolViolation
 from protocol.messages import (
     FRAME_HEADER,
+    MAX_CHUNK_BYTES,
     MAX_CONTROL_BYTES,
     Abort,
     Accept,
     Busy,
+    Chunk,
     Commit,
     Hello,
     Message,
@@ -75,8 +85,11 @@ AVERAGE = Flow(
         ("offered", R, Busy): CLOSED,
         ("offered", R, Refuse): CLOSED,
         ("accepted", I, Params): "initiator_sent",
-        ("initiator_sent", R, Params): "responder_sent",
-        ("responder_sent", I, Commit): DONE,
+        ("accepted", R, Params): "responder_sent",
+        ("initiator_sent", R, Params): "both_sent",
+        ("responder_sent", I, Params): "both_sent",
+        ("both_sent", R, Commit): "responder_committed",  # the initiator's model passed the responder's checks
+        ("responder_committed", I, Commit): DONE,
     },
 )
 
@@ -103,9 +116,10 @@ STATE_SYNC = Flow(
 class Exchange:
     """One side of one conversation of `flow`, as a pure state machine.
 
-    `max_params_bytes` caps `Params` frames (set it to the local model's encoded
-    size); every other frame is capped at `MAX_CONTROL_BYTES`. Either side may send
-    `Abort` in any non-terminal state.
+    `max_params_bytes` caps the size a peer's `Params` may announce (set it to the
+    local model's wire size); `Chunk` frames are capped at `MAX_CHUNK_BYTES` and every
+    other frame at `MAX_CONTROL_BYTES`. Either side may send `Abort` at any time
+    before the conversation ends.
     """
 
     def __init__(self, role: Role, flow: Flow, *, max_params_bytes: int = 0) -> None:
@@ -115,17 +129,18 @@ class Exchange:
         self._max_params_bytes = max_params_bytes
         self._buffer = bytearray()
         self._eof = False
+        self._owed = {Role.INITIATOR: 0, Role.RESPONDER: 0}  # announced parameter bytes not yet sent
 
     @property
     def finished(self) -> bool:
-        return self.state in _TERMINAL
+        return self.state in _TERMINAL and not any(self._owed.values())
 
     def send(self, message: Message) -> bytes:
         """Advance the state for our `message` and return its frame.
 
         Raises `LocalProtocolError` if this role may not send it now.
         """
-        self.state = self._transition(message, self.role, LocalProtocolError)
+        self._advance(message, self.role, LocalProtocolError)
         return encode_frame(message)
 
     def receive_data(self, data: bytes) -> None:
@@ -145,7 +160,7 @@ class Exchange:
         if len(self._buffer) < FRAME_HEADER.size:
             return self._need_data()
         length, type_code = FRAME_HEADER.unpack_from(self._buffer)
-        limit = self._max_params_bytes if type_code == Params.TYPE else MAX_CONTROL_BYTES
+        limit = MAX_CHUNK_BYTES if type_code == Chunk.TYPE else MAX_CONTROL_BYTES
         if length > limit:
             raise FrameTooLarge(f"{self.flow.name}: frame of type {type_code} announces {length} bytes, limit {limit}")
         end = FRAME_HEADER.size + length
@@ -154,13 +169,36 @@ class Exchange:
         body = bytes(self._buffer[FRAME_HEADER.size : end])
         del self._buffer[:end]
         message = decode_body(type_code, body)
-        self.state = self._transition(message, _peer_of(self.role), ProtocolViolation)
+        if isinstance(message, Params) and message.size > self._max_params_bytes:
+            raise FrameTooLarge(f"{self.flow.name}: Params announces {message.size} bytes, limit {self._max_params_bytes}")
+        self._advance(message, _peer_of(self.role), ProtocolViolation)
         return message
 
     def _need_data(self) -> _NeedData:
         if self._eof:
             raise PeerClosed(f"{self.flow.name}: peer closed the stream in state {self.state!r}")
         return NEED_DATA
+
+    def _advance(self, message: Message, sender: Role, error: type[Exception]) -> None:
+        owed = self._owed[sender]
+        if isinstance(message, Chunk):
+            if len(message.payload) > owed:
+                raise error(f"{self.flow.name}: Chunk of {len(message.payload)} bytes from {sender.value}, {owed} announced bytes left")
+            self._owed[sender] -= len(message.payload)
+            return
+        if isinstance(message, Abort) and any(self._owed.values()):
+            # Parameter bytes were still flowing (possibly after the last transition): stop them.
+            self._owed = {Role.INITIATOR: 0, Role.RESPONDER: 0}
+            self.state = CLOSED
+            return
+        if owed:
+            raise error(f"{self.flow.name}: {type(message).__name__} from {sender.value} with {owed} parameter bytes still owed")
+        other_owed = self._owed[_peer_of(sender)]
+        if other_owed and not isinstance(message, (Params, Abort)):  # only Params may cross the other stream
+            raise error(f"{self.flow.name}: {type(message).__name__} from {sender.value} while {other_owed} parameter bytes are still due to it")
+        self.state = self._transition(message, sender, error)
+        if isinstance(message, Params):
+            self._owed[sender] = message.size
 
     def _transition(self, message: Message, sender: Role, error: type[Exception]) -> str:
         if self.state in _TERMINAL:

@@ -1,8 +1,8 @@
 """Protocol messages: frozen dataclasses that validate on creation, and their frames.
 
 A frame is `length:u32be | type:u8 | body`, where `length` counts the body only.
-Control messages carry a UTF-8 JSON object body; `Params` carries the tensor codec's
-bytes (see `protocol.codec`). Decoding checks every field's type and bound and raises
+Control messages carry a UTF-8 JSON object body; `Chunk` carries raw parameter bytes
+(see `protocol.codec`). Decoding checks every field's type and bound and raises
 `MalformedMessage` naming the field.
 """
 
@@ -23,6 +23,9 @@ MAX_TEXT = 512
 MAX_ADDRS = 16
 MAX_PEERS_PER_HELLO = 64
 MAX_WORK = 1e15
+MAX_PARAMS_SIZE = 1 << 40  # a bound for the type; each receiver caps by its own model
+MAX_CHUNK_BYTES = 1 << 20
+WIRE_DTYPE_NAMES = ("float32", "bfloat16", "float16", "int8")
 
 
 def _check_text(name: str, value: Any, limit: int = MAX_TEXT) -> None:
@@ -35,6 +38,11 @@ def _check_work(name: str, value: Any) -> None:
     # Range first: a 400-digit JSON integer would overflow `math.isfinite`; NaN fails the range.
     if not ok or not 0 <= value <= MAX_WORK or not math.isfinite(value):
         raise MalformedMessage(f"field {name!r} must be a finite number in [0, {MAX_WORK:g}], got {value!r}")
+
+
+def _check_wire_dtype(name: str, value: Any) -> None:
+    if value not in WIRE_DTYPE_NAMES:
+        raise MalformedMessage(f"field {name!r} must be one of {list(WIRE_DTYPE_NAMES)}, got {value!r}")
 
 
 def _check_addrs(name: str, value: Any) -> None:
@@ -124,11 +132,13 @@ class Offer(Message):
     run_id: str
     fingerprint: str
     work: float
+    wire_dtype: str = "float32"  # both sides send their model in this dtype
 
     def __post_init__(self) -> None:
         _check_text("run_id", self.run_id, 128)
         _check_text("fingerprint", self.fingerprint, 128)
         _check_work("work", self.work)
+        _check_wire_dtype("wire_dtype", self.wire_dtype)
 
 
 @dataclass(frozen=True)
@@ -155,20 +165,40 @@ class Busy(Message):
 
 @dataclass(frozen=True)
 class Params(Message):
-    """Model parameters in the tensor codec's format (validated by the receiver)."""
+    """Announces a model's parameters: wire dtype, layout digest and exact byte size.
+
+    Exactly `size` bytes follow in `Chunk` frames (see `protocol.codec`); the receiver
+    checks all three fields against its own model before it allocates anything.
+    """
 
     TYPE: ClassVar[int] = 6
+    dtype: str
+    layout: str
+    size: int
+
+    def __post_init__(self) -> None:
+        _check_text("dtype", self.dtype, 16)
+        _check_text("layout", self.layout, 128)
+        if not isinstance(self.size, int) or isinstance(self.size, bool) or not 0 <= self.size <= MAX_PARAMS_SIZE:
+            raise MalformedMessage(f"field 'size' must be an integer in [0, {MAX_PARAMS_SIZE}], got {self.size!r}")
+
+
+@dataclass(frozen=True)
+class Chunk(Message):
+    """A piece of the parameter bytes announced by the last `Params` (raw, not JSON)."""
+
+    TYPE: ClassVar[int] = 11
     payload: bytes
 
     def body(self) -> bytes:
         return self.payload
 
     @classmethod
-    def from_body(cls, body: bytes) -> Params:
+    def from_body(cls, body: bytes) -> Chunk:
         return cls(payload=bytes(body))
 
     def __repr__(self) -> str:
-        return f"Params({len(self.payload)} bytes)"
+        return f"Chunk({len(self.payload)} bytes)"
 
 
 @dataclass(frozen=True)
@@ -196,10 +226,12 @@ class StateRequest(Message):
     TYPE: ClassVar[int] = 9
     run_id: str
     fingerprint: str
+    wire_dtype: str = "float32"  # the dtype the newcomer wants the model in
 
     def __post_init__(self) -> None:
         _check_text("run_id", self.run_id, 128)
         _check_text("fingerprint", self.fingerprint, 128)
+        _check_wire_dtype("wire_dtype", self.wire_dtype)
 
 
 @dataclass(frozen=True)
@@ -214,7 +246,7 @@ class StateReply(Message):
 
 
 MESSAGE_TYPES: dict[int, type[Message]] = {
-    cls.TYPE: cls for cls in (Hello, Refuse, Offer, Accept, Busy, Params, Commit, Abort, StateRequest, StateReply)
+    cls.TYPE: cls for cls in (Hello, Refuse, Offer, Accept, Busy, Params, Chunk, Commit, Abort, StateRequest, StateReply)
 }
 
 

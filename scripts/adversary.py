@@ -18,9 +18,10 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-import node.averager  # noqa: E402
+import node.wire  # noqa: E402
 import protocol.exchange  # noqa: E402
 from node.cli import main as murmur_main  # noqa: E402
+from protocol.codec import TensorSpec, WireState, quantize  # noqa: E402
 from protocol.messages import Accept, Message, Offer, StateReply  # noqa: E402
 
 ATTACKS = ("scale", "noise", "nan", "work")
@@ -28,24 +29,25 @@ ATTACKS = ("scale", "noise", "nan", "work")
 
 def poison(attack: str) -> None:
     """Patch this process's node so that what it sends is poisoned by `attack`."""
-    honest_encode = node.averager.encode_state
+    honest_send_params = node.wire.Conversation.send_params
     honest_frame = protocol.exchange.encode_frame
 
-    def encode(state: dict, spec: object) -> bytes:
+    async def send_params(self: node.wire.Conversation, wire: WireState, spec: TensorSpec) -> int:
+        state = dict(wire.items())
         if attack == "scale":
             state = {n: t * 1000 for n, t in state.items()}
         elif attack == "noise":
             state = {n: torch.randn_like(t) for n, t in state.items()}
         elif attack == "nan":
             state = {n: torch.full_like(t, float("nan")) for n, t in state.items()}
-        return honest_encode(state, spec)
+        return await honest_send_params(self, quantize(state, spec, wire.dtype), spec)
 
     def frame(message: Message) -> bytes:
         if attack == "work" and isinstance(message, (Offer, Accept, StateReply)):
             message = dataclasses.replace(message, work=message.work * 1000)  # lie on the wire only
         return honest_frame(message)
 
-    node.averager.encode_state = encode
+    node.wire.Conversation.send_params = send_params
     protocol.exchange.encode_frame = frame
 
 

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from node.swarm import murmur_command  # noqa: E402
+from node.swarm import murmur_command, peer_environment  # noqa: E402
 
 MIXES = {
     "homogeneous": [1.0, 1.0, 1.0, 1.0],
@@ -97,7 +97,7 @@ def run_murmur(
         else:
             args += ["--weighting", weighting, "--average-every", str(average_every)] + (["--bootstrap", first] if i else [])
         log = (data_dir.mkdir(parents=True, exist_ok=True), (data_dir / "log.txt").open("w"))[1]
-        procs.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        procs.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=peer_environment()))
     try:
         deadline = start_at + max_s + 30
         while time.time() < deadline and any(p.poll() is None for p in procs):

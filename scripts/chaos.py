@@ -35,7 +35,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from node.checkpoint import load_latest  # noqa: E402
-from node.swarm import murmur_command  # noqa: E402
+from node.swarm import murmur_command, peer_environment  # noqa: E402
 
 EXCHANGE_TIMEOUT = 5.0
 LIVENESS_TIMEOUT = 8.0
@@ -84,7 +84,7 @@ class Swarm:
         if bootstrap:
             args += ["--bootstrap", bootstrap]
         log = (data_dir / "log.txt").open("a")
-        proc = Proc(data_dir, port, peer_id, subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), time.time())
+        proc = Proc(data_dir, port, peer_id, subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=peer_environment()), time.time())
         self.procs.append(proc)
         return proc
 

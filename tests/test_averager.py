@@ -19,7 +19,7 @@ from node.tasks import DigitsTask
 from node.trainer import Trainer
 from node.transport import ByteStream, Libp2pTransport
 from protocol.exchange import AVERAGE, Exchange, Role
-from protocol.messages import Accept, Offer, Params, encode_frame
+from protocol.messages import Accept, Chunk, Offer, Params, encode_frame
 
 pytestmark = pytest.mark.anyio
 
@@ -98,6 +98,32 @@ async def test_exchange_merges_to_the_work_weighted_mean() -> None:
         assert a.trainer.weight == b.trainer.weight == (sa.weight + sb.weight) / 2
 
 
+@pytest.mark.parametrize(("wire_dtype", "resolution"), [("bfloat16", 2**-8), ("int8", 1 / 127)])
+async def test_lossy_wire_dtypes_move_both_sides_by_the_difference_of_their_quantized_models(
+    wire_dtype: str, resolution: float
+) -> None:
+    async with peers(2) as (a, b):
+        train_steps(a, 3)
+        train_steps(b, 1)
+        a.averager.wire_dtype = wire_dtype  # the initiator's choice binds both sides
+        exact_a, exact_b = a.trainer.snapshot(), b.trainer.snapshot()
+        qa, qb = a.trainer.snapshot(wire_dtype).state, b.trainer.snapshot(wire_dtype).state
+        with anyio.fail_after(20):
+            outcome = await a.averager.exchange_with(b.id, b.transport.addresses())
+        assert outcome.result == "merged", outcome.reason
+        assert outcome.bytes_sent == a.trainer.spec.wire_size(wire_dtype)
+        await wait_until(lambda: b.averager.outcomes["merged"] == 1)
+        wa, wb = exact_a.weight, exact_b.weight
+        share = wb / (wa + wb)
+        # Both apply the same quantized difference with opposite signs: models that agree stay put.
+        assert_state_close(a.state(), {n: exact_a.state[n] + share * (qb[n] - qa[n]) for n in qa})
+        assert_state_close(b.state(), {n: exact_b.state[n] + (1 - share) * (qa[n] - qb[n]) for n in qb})
+        for name in qa:  # ... and land within the wire's resolution of the exact merge
+            mean = (wa * exact_a.state[name] + wb * exact_b.state[name]) / (wa + wb)
+            scale = max(exact_a.state[name].abs().max(), exact_b.state[name].abs().max())
+            assert (a.state()[name] - mean).abs().max() <= resolution * scale
+
+
 async def test_busy_partner_answers_at_once_and_initiator_tries_another() -> None:
     async with peers(3) as (a, b, c):
         for p in (a, b, c):
@@ -136,12 +162,13 @@ async def test_partner_vanishing_mid_transfer_leaves_model_untouched() -> None:
         trainer = Trainer(DigitsTask(), shard=9)
 
         async def accept_then_stall(stream: ByteStream) -> None:
-            ex = Exchange(Role.RESPONDER, AVERAGE, max_params_bytes=trainer.spec.encoded_size)
+            ex = Exchange(Role.RESPONDER, AVERAGE, max_params_bytes=trainer.spec.wire_size("float32"))
             ex.receive_data(await stream.receive_some())
             assert isinstance(ex.next_event(), Offer)
             await stream.send_all(ex.send(Accept(10.0)))
-            # Half a Params frame, then silence: a partner that died mid-transfer.
-            frame = encode_frame(Params(b"\0" * 1000))
+            # Announce the model, send half a chunk, then silence: a partner that died mid-transfer.
+            await stream.send_all(ex.send(Params("float32", trainer.spec.layout, trainer.spec.wire_size("float32"))))
+            frame = encode_frame(Chunk(b"\0" * 1000))
             await stream.send_all(frame[: len(frame) // 2])
             await anyio.sleep_forever()
 
@@ -158,17 +185,18 @@ async def test_invalid_tensors_are_rejected_before_any_merge() -> None:
     async with peers(2) as (a, b):
         train_steps(a, 1)
         train_steps(b, 1)
-        before = b.state()
+        before, a_before = b.state(), a.state()
         evil = a.trainer.snapshot()
-        evil.state["net.0.weight" if "net.0.weight" in evil.state else next(iter(evil.state))][0, 0] = float("nan")
+        evil.state.tensors[next(iter(evil.state))].view(-1)[0] = float("nan")
         original_snapshot = a.trainer.snapshot
-        a.trainer.snapshot = lambda: evil  # a sends a poisoned model
+        a.trainer.snapshot = lambda *wire_dtype: evil  # a sends a poisoned model
         with anyio.fail_after(20):
             outcome = await a.averager.exchange_with(b.id, b.transport.addresses())
         a.trainer.snapshot = original_snapshot
         assert outcome.result == "failed" and "NonFiniteTensor" in outcome.reason
         await wait_until(lambda: b.averager.outcomes["failed"] == 1)
         assert_state_close(b.state(), before)
+        assert_state_close(a.state(), a_before)  # b refused before committing, so a merged nothing either
 
 
 async def test_newcomer_adopts_a_live_peers_model_by_state_sync() -> None:

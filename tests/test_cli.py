@@ -69,3 +69,12 @@ def test_ctrl_c_stops_the_demo_and_every_peer_it_started(tmp_path: Path) -> None
     assert leftover == []
     for log in out.glob("peer-*/log.txt"):
         assert "Traceback" not in log.read_text()
+
+
+def test_local_swarm_peers_do_not_inherit_murmur_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from node.swarm import peer_environment
+
+    monkeypatch.setenv("MURMUR_METRICS_PORT", "9100")  # every peer after the first could not bind it
+    monkeypatch.setenv("PATH_FOR_TEST", "kept")
+    env = peer_environment()
+    assert "MURMUR_METRICS_PORT" not in env and env["PATH_FOR_TEST"] == "kept"

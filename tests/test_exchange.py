@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -28,10 +30,12 @@ from protocol.exchange import (
 )
 from protocol.messages import (
     FRAME_HEADER,
+    MAX_CHUNK_BYTES,
     MAX_CONTROL_BYTES,
     Abort,
     Accept,
     Busy,
+    Chunk,
     Commit,
     Hello,
     Message,
@@ -47,17 +51,21 @@ from protocol.messages import (
 I, R = Role.INITIATOR, Role.RESPONDER
 MAX_PARAMS = 64
 OFFER = Offer("run", "fp", 10.0)
+PARAMS = Params("float32", "layout", 8)
 AVERAGE_SCRIPT: list[tuple[Role, Message]] = [
     (I, OFFER),
     (R, Accept(5.0)),
-    (I, Params(b"i" * 40)),
-    (R, Params(b"r" * 40)),
+    (I, PARAMS),
+    (I, Chunk(b"i" * 8)),
+    (R, PARAMS),
+    (R, Chunk(b"r" * 8)),
+    (R, Commit()),
     (I, Commit()),
 ]
-AVERAGE_STATES = [START, "offered", "accepted", "initiator_sent", "responder_sent", DONE]
+AVERAGE_STATES = [START, "offered", "accepted", "initiator_sent", "initiator_sent", "both_sent", "both_sent", "responder_committed", DONE]
 HELLO = Hello("run", "fp", ["/ip4/1.2.3.4/tcp/1"], [PeerRecord("p", ["/ip4/5.6.7.8/tcp/2"])])
 PEER_EXCHANGE_SCRIPT = [(I, HELLO), (R, Hello("run", "fp", [], []))]
-STATE_SYNC_SCRIPT = [(I, StateRequest("run", "fp")), (R, StateReply(3.0)), (R, Params(b"state"))]
+STATE_SYNC_SCRIPT = [(I, StateRequest("run", "fp")), (R, StateReply(3.0)), (R, PARAMS), (R, Chunk(b"s" * 5)), (R, Chunk(b"s" * 3))]
 
 
 def _pair(flow: Flow) -> dict[Role, Exchange]:
@@ -115,10 +123,23 @@ def test_several_frames_in_one_chunk_are_returned_in_order() -> None:
     initiator = Exchange(I, STATE_SYNC, max_params_bytes=MAX_PARAMS)
     responder.receive_data(initiator.send(StateRequest("run", "fp")))
     assert isinstance(responder.next_event(), StateRequest)
-    initiator.receive_data(responder.send(StateReply(3.0)) + responder.send(Params(b"state")))
+    initiator.receive_data(responder.send(StateReply(3.0)) + responder.send(PARAMS) + responder.send(Chunk(b"s" * 8)))
     assert initiator.next_event() == StateReply(3.0)
-    assert initiator.next_event() == Params(b"state")
-    assert initiator.state == DONE
+    assert initiator.next_event() == PARAMS
+    assert initiator.state == DONE and not initiator.finished  # the announced bytes are still due
+    assert initiator.next_event() == Chunk(b"s" * 8)
+    assert initiator.finished
+
+
+def test_averaging_is_full_duplex_in_either_order_with_interleaved_chunks() -> None:
+    sides = _run(AVERAGE, [(I, OFFER), (R, Accept(5.0)), (R, PARAMS), (R, Chunk(b"r" * 3))])
+    assert sides[I].state == "responder_sent"
+    for sender, message in [(I, PARAMS), (R, Chunk(b"r" * 5)), (I, Chunk(b"i" * 8))]:
+        assert _deliver(sides, sender, message) == message
+    assert sides[I].state == sides[R].state == "both_sent"
+    _deliver(sides, R, Commit())
+    _deliver(sides, I, Commit())
+    assert sides[I].finished and sides[R].finished
 
 
 def test_peer_exchange_completes() -> None:
@@ -184,14 +205,21 @@ def test_nothing_may_follow_an_abort() -> None:
 @pytest.mark.parametrize(
     ("role", "steps", "message", "text"),
     [
-        (R, 0, Params(b"x"), "average: Params from initiator not allowed in state 'start'"),
+        (R, 0, PARAMS, "average: Params from initiator not allowed in state 'start'"),
+        (R, 0, Chunk(b"x"), "average: Chunk of 1 bytes from initiator, 0 announced bytes left"),
+        (R, 3, Chunk(b"x" * 9), "average: Chunk of 9 bytes from initiator, 8 announced bytes left"),
+        (R, 3, Commit(), "average: Commit from initiator with 8 parameter bytes still owed"),
+        (I, 5, Commit(), "average: Commit from responder with 8 parameter bytes still owed"),
+        (R, 5, Commit(), "average: Commit from initiator while 8 parameter bytes are still due to it"),
+        (R, 6, Commit(), "average: Commit from initiator not allowed in state 'both_sent'"),
         (R, 0, Commit(), "average: Commit from initiator not allowed in state 'start'"),
         (R, 1, OFFER, "average: Offer from initiator not allowed in state 'offered'"),
         (R, 2, Commit(), "average: Commit from initiator not allowed in state 'accepted'"),
         (I, 0, Accept(1.0), "average: Accept from responder not allowed in state 'start'"),
-        (I, 1, Params(b"x"), "average: Params from responder not allowed in state 'offered'"),
+        (I, 1, PARAMS, "average: Params from responder not allowed in state 'offered'"),
         (I, 2, Accept(1.0), "average: Accept from responder not allowed in state 'accepted'"),
-        (I, 3, Commit(), "average: Commit from responder not allowed in state 'initiator_sent'"),
+        (I, 3, Commit(), "average: Commit from responder while 8 parameter bytes are still due to it"),
+        (I, 4, Commit(), "average: Commit from responder not allowed in state 'initiator_sent'"),
         (I, 1, HELLO, "average: Hello from responder not allowed in state 'offered'"),
     ],
 )
@@ -214,13 +242,16 @@ def test_message_after_done_is_a_violation() -> None:
 @pytest.mark.parametrize(
     ("role", "steps", "message", "text"),
     [
-        (I, 0, Params(b"x"), "average: Params from initiator not allowed in state 'start'"),
+        (I, 0, PARAMS, "average: Params from initiator not allowed in state 'start'"),
+        (I, 2, Chunk(b"x"), "average: Chunk of 1 bytes from initiator, 0 announced bytes left"),
         (R, 0, OFFER, "average: Offer from responder not allowed in state 'start'"),
         (R, 0, Accept(1.0), "average: Accept from responder not allowed in state 'start'"),
         (I, 1, OFFER, "average: Offer from initiator not allowed in state 'offered'"),
-        (R, 2, Params(b"x"), "average: Params from responder not allowed in state 'accepted'"),
-        (I, 3, Commit(), "average: Commit from initiator not allowed in state 'initiator_sent'"),
-        (I, 5, Commit(), r"average: Commit from initiator after the conversation ended \(done\)"),
+        (R, 1, PARAMS, "average: Params from responder not allowed in state 'offered'"),
+        (I, 3, Commit(), "average: Commit from initiator with 8 parameter bytes still owed"),
+        (I, 4, Commit(), "average: Commit from initiator not allowed in state 'initiator_sent'"),
+        (I, 6, Commit(), "average: Commit from initiator not allowed in state 'both_sent'"),
+        (I, 8, Commit(), r"average: Commit from initiator after the conversation ended \(done\)"),
     ],
 )
 def test_sending_out_of_turn_is_a_local_error(role: Role, steps: int, message: Message, text: str) -> None:
@@ -241,25 +272,34 @@ def test_malformed_body_raises_malformed_message() -> None:
 # --- frame size caps --------------------------------------------------------------
 
 
-def test_oversized_params_frame_is_rejected_from_its_header_alone() -> None:
+def test_params_announcing_more_than_the_cap_are_too_large() -> None:
     sides = _run(AVERAGE, AVERAGE_SCRIPT[:2])
-    sides[R].receive_data(FRAME_HEADER.pack(MAX_PARAMS + 1, Params.TYPE))
-    with pytest.raises(FrameTooLarge, match=f"average: frame of type 6 announces {MAX_PARAMS + 1} bytes, limit {MAX_PARAMS}"):
+    sides[R].receive_data(encode_frame(Params("float32", "layout", MAX_PARAMS + 1)))
+    with pytest.raises(FrameTooLarge, match=f"average: Params announces {MAX_PARAMS + 1} bytes, limit {MAX_PARAMS}"):
         sides[R].next_event()
 
 
-def test_params_frame_at_the_cap_is_accepted() -> None:
+def test_params_at_the_cap_are_accepted_and_counted_down_by_chunks() -> None:
     sides = _run(AVERAGE, AVERAGE_SCRIPT[:2])
-    sides[R].receive_data(FRAME_HEADER.pack(MAX_PARAMS, Params.TYPE))
-    assert sides[R].next_event() is NEED_DATA
-    sides[R].receive_data(b"p" * MAX_PARAMS)
-    assert sides[R].next_event() == Params(b"p" * MAX_PARAMS)
+    for message in [Params("float32", "layout", MAX_PARAMS), Chunk(b"p" * (MAX_PARAMS - 1)), Chunk(b"p")]:
+        assert _deliver(sides, I, message) == message
+    assert sides[R].state == "initiator_sent"
 
 
 def test_params_are_refused_entirely_without_a_cap() -> None:
     responder = Exchange(R, AVERAGE)  # max_params_bytes defaults to 0
-    responder.receive_data(FRAME_HEADER.pack(1, Params.TYPE))
+    responder.receive_data(encode_frame(OFFER))
+    responder.next_event()
+    responder.send(Accept(1.0))
+    responder.receive_data(encode_frame(Params("float32", "layout", 1)))
     with pytest.raises(FrameTooLarge, match="limit 0"):
+        responder.next_event()
+
+
+def test_oversized_chunk_frame_is_rejected_from_its_header_alone() -> None:
+    responder = Exchange(R, AVERAGE, max_params_bytes=10 * MAX_CHUNK_BYTES)
+    responder.receive_data(FRAME_HEADER.pack(MAX_CHUNK_BYTES + 1, Chunk.TYPE))
+    with pytest.raises(FrameTooLarge, match=f"frame of type {Chunk.TYPE} announces {MAX_CHUNK_BYTES + 1} bytes, limit {MAX_CHUNK_BYTES}"):
         responder.next_event()
 
 
@@ -322,7 +362,7 @@ frames = st.one_of(
     st.builds(lambda n, t, body: FRAME_HEADER.pack(n, t) + body, st.integers(0, 2**32 - 1), st.integers(0, 255), st.binary(max_size=20)),
 )
 
-RESPONDER_ANSWERS: dict[type[Message], Message] = {Offer: Accept(2.0), Params: Params(b"r" * 8)}
+RESPONDER_ANSWERS: dict[type[Message], list[Message]] = {Offer: [Accept(2.0)], Params: [PARAMS, Chunk(b"r" * 8)]}
 
 
 INITIATOR_FRAMES = [encode_frame(m) for sender, m in AVERAGE_SCRIPT if sender is I]
@@ -337,7 +377,7 @@ def test_arbitrary_bytes_to_a_responder_raise_only_remote_protocol_errors(
     responder = Exchange(R, AVERAGE, max_params_bytes=MAX_PARAMS)
     data = b"".join(INITIATOR_FRAMES[:valid_prefix] + chunks)
     pieces = [data[i : i + step] for i in range(0, len(data), step)] + ([b""] if eof else [])
-    allowed = {START: (Offer, Abort), "accepted": (Params, Abort), "responder_sent": (Commit, Abort)}
+    allowed = {START: (Offer, Abort), "accepted": (Params, Abort), "both_sent": (Chunk, Abort), "responder_committed": (Commit, Abort)}
     try:
         for piece in pieces:
             responder.receive_data(piece)
@@ -347,8 +387,11 @@ def test_arbitrary_bytes_to_a_responder_raise_only_remote_protocol_errors(
                 if event is NEED_DATA:
                     break
                 assert isinstance(event, allowed[state]), (state, event)
-                if type(event) in RESPONDER_ANSWERS:
-                    responder.send(RESPONDER_ANSWERS[type(event)])
+                for answer in RESPONDER_ANSWERS.get(type(event), []):
+                    responder.send(answer)
+                if isinstance(event, Chunk) and responder.state == "both_sent":
+                    with contextlib.suppress(LocalProtocolError):  # once all the initiator's bytes are in
+                        responder.send(Commit())
     except RemoteProtocolError:
         pass
-    assert responder.state in {START, "offered", "accepted", "initiator_sent", "responder_sent", DONE, CLOSED}
+    assert responder.state in {START, "offered", "accepted", "initiator_sent", "both_sent", "responder_committed", DONE, CLOSED}

@@ -13,7 +13,7 @@ from node.membership import PEERS_PROTOCOL
 from node.node import Node, NodeConfig
 from node.security import BanList, GuardedTransport
 from node.transport import Libp2pTransport, TransportError
-from protocol.messages import FRAME_HEADER, Accept, Commit, Hello, Offer, Params, StateRequest, encode_frame
+from protocol.messages import FRAME_HEADER, Accept, Chunk, Commit, Hello, Offer, Params, StateRequest, encode_frame
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 FRAMES = 10_000
@@ -25,7 +25,8 @@ def valid_frames(fingerprint: str) -> list[bytes]:
         encode_frame(Offer("digits", fingerprint, 100.0)),
         encode_frame(Accept(5.0)),
         encode_frame(Commit()),
-        encode_frame(Params(b"\0" * 64)),
+        encode_frame(Params("float32", fingerprint, 64)),
+        encode_frame(Chunk(b"\0" * 64)),
         encode_frame(StateRequest("digits", fingerprint)),
         encode_frame(Hello("digits", fingerprint, ["/ip4/127.0.0.1/tcp/1/p2p/x"], [], False)),
     ]

@@ -14,12 +14,15 @@ from protocol.messages import (
     FRAME_HEADER,
     MAX_ADDRS,
     MAX_PEERS_PER_HELLO,
+    MAX_PARAMS_SIZE,
     MAX_TEXT,
     MAX_WORK,
     MESSAGE_TYPES,
+    WIRE_DTYPE_NAMES,
     Abort,
     Accept,
     Busy,
+    Chunk,
     Commit,
     Hello,
     Message,
@@ -44,11 +47,15 @@ EXAMPLES: list[Message] = [
     Accept(7.0),
     Accept(MAX_WORK),
     Busy("already in an exchange"),
-    Params(b"\x00\x01\xffbinary payload"),
-    Params(b""),
+    Offer("run-1", "abc", 2.0, "bfloat16"),
+    Params("bfloat16", "f" * 64, 123_456),
+    Params("int8", "", 0),
+    Chunk(b"\x00\x01\xffbinary payload"),
+    Chunk(b""),
     Commit(),
     Abort("NonFiniteTensor: tensor 'w' holds NaN or Inf"),
     StateRequest("run-1", "abc"),
+    StateRequest("run-1", "abc", "int8"),
     StateReply(0.25),
 ]
 
@@ -97,10 +104,10 @@ def test_hello_accepts_dict_peers_on_construction() -> None:
     assert hello.peers == [PeerRecord("p", ["/a"])]
 
 
-def test_params_body_is_the_raw_payload() -> None:
-    frame = encode_frame(Params(b"abc"))
-    assert frame == FRAME_HEADER.pack(3, Params.TYPE) + b"abc"
-    assert repr(Params(b"abc")) == "Params(3 bytes)"
+def test_chunk_body_is_the_raw_payload() -> None:
+    frame = encode_frame(Chunk(b"abc"))
+    assert frame == FRAME_HEADER.pack(3, Chunk.TYPE) + b"abc"
+    assert repr(Chunk(b"abc")) == "Chunk(3 bytes)"
 
 
 texts = st.text(max_size=40)
@@ -110,13 +117,14 @@ records = st.builds(PeerRecord, st.text(max_size=20), addr_lists)
 messages = st.one_of(
     st.builds(Hello, texts, texts, addr_lists, st.lists(records, max_size=5), st.booleans()),
     st.builds(Refuse, st.text(max_size=MAX_TEXT)),
-    st.builds(Offer, texts, texts, works),
+    st.builds(Offer, texts, texts, works, st.sampled_from(WIRE_DTYPE_NAMES)),
     st.builds(Accept, works),
     st.builds(Busy, texts),
-    st.builds(Params, st.binary(max_size=64)),
+    st.builds(Params, st.sampled_from(["float32", "x" * 16]), texts, st.integers(0, MAX_PARAMS_SIZE)),
+    st.builds(Chunk, st.binary(max_size=64)),
     st.just(Commit()),
     st.builds(Abort, texts),
-    st.builds(StateRequest, texts, texts),
+    st.builds(StateRequest, texts, texts, st.sampled_from(WIRE_DTYPE_NAMES)),
     st.builds(StateReply, works),
 )
 
@@ -132,10 +140,18 @@ def test_any_valid_message_round_trips(message: Message) -> None:
 @pytest.mark.parametrize(
     ("type_code", "body", "field"),
     [
-        (Offer.TYPE, _body(run_id=5, fingerprint="f", work=1), "run_id"),
-        (Offer.TYPE, _body(run_id="r", fingerprint=None, work=1), "fingerprint"),
-        (Offer.TYPE, _body(run_id="r" * 129, fingerprint="f", work=1), "run_id"),
-        (StateRequest.TYPE, _body(run_id="r", fingerprint="f" * 129), "fingerprint"),
+        (Offer.TYPE, _body(run_id=5, fingerprint="f", work=1, wire_dtype="float32"), "run_id"),
+        (Offer.TYPE, _body(run_id="r", fingerprint=None, work=1, wire_dtype="float32"), "fingerprint"),
+        (Offer.TYPE, _body(run_id="r" * 129, fingerprint="f", work=1, wire_dtype="float32"), "run_id"),
+        (Offer.TYPE, _body(run_id="r", fingerprint="f", work=1, wire_dtype="float64"), "wire_dtype"),
+        (StateRequest.TYPE, _body(run_id="r", fingerprint="f" * 129, wire_dtype="float32"), "fingerprint"),
+        (StateRequest.TYPE, _body(run_id="r", fingerprint="f", wire_dtype=["int8"]), "wire_dtype"),
+        (Params.TYPE, _body(dtype="float32", layout="l", size=-1), "size"),
+        (Params.TYPE, _body(dtype="float32", layout="l", size=1.5), "size"),
+        (Params.TYPE, _body(dtype="float32", layout="l", size=True), "size"),
+        (Params.TYPE, _body(dtype="float32", layout="l", size=2**41), "size"),
+        (Params.TYPE, _body(dtype="x" * 17, layout="l", size=1), "dtype"),
+        (Params.TYPE, _body(dtype="float32", layout=7, size=1), "layout"),
         (Refuse.TYPE, _body(reason="x" * (MAX_TEXT + 1)), "reason"),
         (Busy.TYPE, _body(reason=["not", "text"]), "reason"),
         (Abort.TYPE, _body(reason=3), "reason"),
@@ -159,7 +175,7 @@ def test_bad_field_is_rejected_by_name(type_code: int, body: bytes, field: str) 
     ["NaN", "Infinity", "-Infinity", "-1", "-0.5", "1e16", str(int(MAX_WORK) + 1), '"5"', "null", "true", "false", "[1]"],
 )
 def test_bad_work_is_rejected(msg_type: type[Message], work_json: str) -> None:
-    fields = {"run_id": "r", "fingerprint": "f"} if msg_type is Offer else {}
+    fields = {"run_id": "r", "fingerprint": "f", "wire_dtype": "float32"} if msg_type is Offer else {}
     body = json.dumps(fields)[:-1] + (", " if fields else "") + f'"work": {work_json}}}'
     with pytest.raises(MalformedMessage, match="field 'work' must be a finite number"):
         decode_body(msg_type.TYPE, body.encode())
@@ -198,7 +214,7 @@ def test_wrong_field_set_is_rejected(type_code: int, body: bytes) -> None:
 def test_wrong_field_set_lists_expected_and_received_fields() -> None:
     with pytest.raises(MalformedMessage) as info:
         decode_body(Offer.TYPE, _body(run_id="r", fingerprint="f", weight=1))
-    assert "['fingerprint', 'run_id', 'work']" in str(info.value)
+    assert "['fingerprint', 'run_id', 'wire_dtype', 'work']" in str(info.value)
     assert "['fingerprint', 'run_id', 'weight']" in str(info.value)
 
 
@@ -213,7 +229,7 @@ def test_non_utf8_body_is_rejected() -> None:
         decode_body(Busy.TYPE, b'{"reason": "\xff\xfe"}')
 
 
-@pytest.mark.parametrize("type_code", [0, 11, 42, 255])
+@pytest.mark.parametrize("type_code", [0, 12, 42, 255])
 def test_unknown_type_code_is_rejected(type_code: int) -> None:
     with pytest.raises(MalformedMessage, match=f"unknown message type {type_code}"):
         decode_body(type_code, b"{}")

@@ -1,0 +1,108 @@
+"""`--announce`: behind a port mapping, peers learn and dial a node under its announced address."""
+
+import random
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path
+
+import anyio
+import multiaddr
+import pytest
+from anyio.abc import ByteStream, SocketAttribute
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.identity.identify.identify import ID as IDENTIFY
+from libp2p.identity.identify.identify import parse_identify_response
+from libp2p.network.stream.exceptions import StreamEOF
+from libp2p.peer.id import ID
+
+from node.averager import TaskIdentity
+from node.identity import load_or_create_identity
+from node.membership import PEERS_PROTOCOL, Membership
+from node.node import NodeConfig, build_node
+from node.peers import PeerTable
+from node.transport import Libp2pTransport
+
+pytestmark = pytest.mark.anyio
+
+
+@asynccontextmanager
+async def port_mapping(target_port: Callable[[], int]) -> AsyncIterator[int]:
+    """Forward a fresh loopback port to `target_port()`, as a NAT or `docker run -p` does; yield the public port."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+
+    async def handle(client: ByteStream) -> None:
+        server = await anyio.connect_tcp("127.0.0.1", target_port())
+        async with client, server, anyio.create_task_group() as tg:
+
+            async def pipe(src: ByteStream, dst: ByteStream) -> None:
+                with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    async for chunk in src:
+                        await dst.send(chunk)
+                tg.cancel_scope.cancel()  # either side closing ends the mapping of this connection
+
+            tg.start_soon(pipe, client, server)
+            tg.start_soon(pipe, server, client)
+
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, handle)
+        yield listener.extra(SocketAttribute.local_port)
+        tg.cancel_scope.cancel()
+
+
+def member(transport: Libp2pTransport) -> Membership:
+    table = PeerTable(transport.peer_id, 1e9)
+    membership = Membership(transport, table, TaskIdentity("digits", "f"), rng=random.Random(0))
+    transport.set_handler(PEERS_PROTOCOL, membership.serve)
+    return membership
+
+
+async def test_a_third_peer_learns_and_dials_the_announced_address() -> None:
+    x_box: list[Libp2pTransport] = []  # the mapping exists before X, whose announce names its port
+
+    def x_listen_port() -> int:
+        return int(multiaddr.Multiaddr(x_box[0].listen_addresses()[0].split("/p2p/")[0]).value_for_protocol("tcp"))
+
+    with anyio.fail_after(30):
+        async with port_mapping(x_listen_port) as public_port:
+            announced = f"/ip4/127.0.0.1/tcp/{public_port}"
+            x = Libp2pTransport(create_new_key_pair(), announce=[announced])
+            x_box.append(x)
+            b, c = Libp2pTransport(create_new_key_pair()), Libp2pTransport(create_new_key_pair())
+            mx, mc = member(x), member(c)
+            member(b)
+            loopback = ["/ip4/127.0.0.1/tcp/0"]
+            async with x.run(loopback), b.run(loopback), c.run(loopback):
+                assert x_listen_port() != public_port
+                assert x.addresses() == [f"{announced}/p2p/{x.peer_id}"]
+                assert await mx.greet(b.peer_id, b.addresses()) == "ok"
+                assert await mc.greet(b.peer_id, b.addresses()) == "ok"
+                # C heard of X from B's peer exchange: under the announced address only.
+                assert mc.table.candidates[x.peer_id] == [f"{announced}/p2p/{x.peer_id}"]
+                assert ID.from_base58(x.peer_id) not in c.host.get_connected_peers()
+                # ...and reaches X through the mapping.
+                assert await mc.greet(x.peer_id, mc.table.candidates[x.peer_id]) == "ok"
+                assert mc.table.members[x.peer_id].addrs == [f"{announced}/p2p/{x.peer_id}"]
+                # Identify tells the announced address too, not the listen address.
+                stream = await c.host.new_stream(ID.from_base58(x.peer_id), [IDENTIFY])
+                raw = b""
+                with suppress(StreamEOF):
+                    while chunk := await stream.read():
+                        raw += chunk
+                told = [str(multiaddr.Multiaddr(a)) for a in parse_identify_response(raw).listen_addrs]
+                assert told == [announced]
+
+
+async def test_node_prints_listen_then_announced_addresses(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    config = NodeConfig(
+        data_dir=tmp_path / "n", listen=["/ip4/127.0.0.1/tcp/0"], announce=["/dns4/node.example.org/tcp/4001"],
+        addr_file=tmp_path / "addrs.txt", duration=0.2,
+    )
+    node = build_node(config, load_or_create_identity(config.data_dir))
+    with anyio.fail_after(30):
+        await node.run()
+    lines = capsys.readouterr().out.splitlines()
+    listening = [line for line in lines if line.startswith("murmur: listening on /ip4/127.0.0.1/tcp/")]
+    assert len(listening) == 1
+    assert f"murmur: announcing /dns4/node.example.org/tcp/4001/p2p/{node.peer_id}" in lines
+    written = (tmp_path / "addrs.txt").read_text().split()
+    assert written == [listening[0].split()[-1], f"/dns4/node.example.org/tcp/4001/p2p/{node.peer_id}"]

@@ -1,0 +1,117 @@
+"""Prometheus metrics: the update rules, and two real libp2p nodes on loopback scraped over HTTP."""
+
+import socket
+import urllib.request
+from pathlib import Path
+
+import anyio
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from node.averager import AVERAGE_PROTOCOL, Outcome
+from node.identity import load_or_create_identity
+from node.membership import PEERS_PROTOCOL
+from node.metrics import MetricsUnavailable, NodeMetrics, Traffic, serve_metrics
+from node.node import Node, NodeConfig, build_node
+
+LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+
+
+def _samples(text: str) -> dict[tuple[str, tuple], float]:
+    """Every sample of a scrape as {(name, sorted labels): value}."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def _scrape(url: str) -> dict[tuple[str, tuple], float]:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return _samples(response.read().decode())
+
+
+def _status(samples: float, exchanges: dict[str, int], distance: float | None = None) -> dict:
+    return {"samples": samples, "samples_per_s": 10.0, "loss": 0.5, "eval": {"accuracy": 0.9}, "exchanges": exchanges,
+            "known_peers": 2, "weight": samples, "partner_distance": distance}  # fmt: skip
+
+
+def test_counters_follow_the_node_totals_and_durations_are_observed_once() -> None:
+    metrics = NodeMetrics("peer-a", "digits")
+    traffic = Traffic()
+    traffic.received["/murmur/average/1.0.0"] = 100
+    first = [Outcome("merged", "b", "ok", 0.02), Outcome("busy", "c", "busy", 0.001)]
+    metrics.update(_status(64, {"merged": 1, "busy": 1}), first, traffic)
+    traffic.received["/murmur/average/1.0.0"] = 250
+    second = [*first, Outcome("failed", "c", "timed out", 12.0)]
+    metrics.update(_status(128, {"merged": 1, "busy": 1, "failed": 1}, distance=1.5), second, traffic)
+    metrics.update(_status(128, {"merged": 1, "busy": 1, "failed": 1}, distance=1.5), second, traffic)  # nothing new
+
+    got = _samples(generate_latest(metrics.registry).decode())
+    assert got[("murmur_samples_total", ())] == 128
+    assert got[("murmur_exchanges_total", (("outcome", "merged"),))] == 1
+    assert got[("murmur_exchanges_total", (("outcome", "failed"),))] == 1
+    assert got[("murmur_exchange_duration_seconds_count", (("outcome", "merged"),))] == 1
+    assert got[("murmur_exchange_duration_seconds_count", (("outcome", "failed"),))] == 1
+    assert got[("murmur_exchange_duration_seconds_bucket", (("le", "10.0"), ("outcome", "failed")))] == 0
+    assert got[("murmur_exchange_duration_seconds_bucket", (("le", "30.0"), ("outcome", "failed")))] == 1
+    assert got[("murmur_received_bytes_total", (("protocol", "/murmur/average/1.0.0"),))] == 250
+    assert got[("murmur_partner_distance", ())] == 1.5
+    assert got[("murmur_eval", (("metric", "accuracy"),))] == 0.9
+    assert got[("murmur_node_info", (("peer_id", "peer-a"), ("task", "digits")))] == 1
+
+
+@pytest.mark.anyio
+async def test_a_taken_port_is_reported_in_one_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(MetricsUnavailable, match=f"cannot serve metrics on 127.0.0.1:{port}"):
+            async with serve_metrics(NodeMetrics("p", "t").registry, "127.0.0.1", port):
+                pass
+
+
+@pytest.mark.anyio
+async def test_two_libp2p_nodes_serve_metrics_that_move_and_stop_with_the_node(tmp_path: Path) -> None:
+    def make(name: str, bootstrap: list[str]) -> Node:
+        config = NodeConfig(data_dir=tmp_path / name, listen=[LOOPBACK], bootstrap=bootstrap, average_every=0.1,
+                            gossip_every=0.2, metrics_port=0, checkpoint_every=3600)  # fmt: skip
+        return build_node(config, load_or_create_identity(config.data_dir))
+
+    first = make("first", [])
+    with anyio.fail_after(90):
+        async with anyio.create_task_group() as tg:
+            addrs = await tg.start(first.run)
+            second = make("second", [addrs[0]])
+            await tg.start(second.run)
+            assert first.metrics_url and second.metrics_url and first.metrics_url != second.metrics_url
+            assert first.metrics_url.startswith("http://127.0.0.1:")
+            before = await anyio.to_thread.run_sync(_scrape, first.metrics_url)
+            while second.averager.outcomes["merged"] < 2 or first.averager.outcomes["merged"] < 2:
+                await anyio.sleep(0.2)
+            await anyio.sleep(1.5)  # one more status write after the merges
+            after = await anyio.to_thread.run_sync(_scrape, first.metrics_url)
+            other = await anyio.to_thread.run_sync(_scrape, second.metrics_url)
+            url = first.metrics_url
+            first.request_stop()
+            second.request_stop()
+    # Each node has its own registry: its own identity, nothing of the other's.
+    assert ("murmur_node_info", (("peer_id", first.peer_id), ("task", "digits"))) in after
+    assert ("murmur_node_info", (("peer_id", second.peer_id), ("task", "digits"))) in other
+    assert ("murmur_node_info", (("peer_id", second.peer_id), ("task", "digits"))) not in after
+    for name in ("murmur_samples_per_second", "murmur_loss", "murmur_known_peers", "murmur_work_weight",
+                 "murmur_partner_distance", "murmur_samples_total"):  # fmt: skip
+        assert (name, ()) in after, name
+    assert after[("murmur_samples_total", ())] > before.get(("murmur_samples_total", ()), 0)
+    assert after[("murmur_work_weight", ())] > 0
+    assert after[("murmur_known_peers", ())] == 1
+    assert after[("murmur_exchanges_total", (("outcome", "merged"),))] >= 2
+    assert after[("murmur_exchange_duration_seconds_count", (("outcome", "merged"),))] >= 2
+    assert after[("murmur_partner_distance", ())] > 0
+    for direction in ("received", "sent"):
+        assert after[(f"murmur_{direction}_bytes_total", (("protocol", AVERAGE_PROTOCOL),))] > 0
+        assert after[(f"murmur_{direction}_bytes_total", (("protocol", PEERS_PROTOCOL),))] > 0
+    with pytest.raises(OSError):  # the endpoint stopped with the node
+        await anyio.to_thread.run_sync(_scrape, url)
