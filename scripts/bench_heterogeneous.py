@@ -187,6 +187,7 @@ def _at_samples(result: dict, metric: str, samples: float) -> float | None:
 
 def run_bench(config: dict, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
+    bench_began = time.monotonic()
     results: list[dict] = []
     for task in config["tasks"]:
         for seed in config["seeds"]:
@@ -199,11 +200,12 @@ def run_bench(config: dict, out: Path) -> dict:
                 for method in methods:
                     print(f"[bench] {task} seed {seed} {mix} {slowdowns}: {method}", flush=True)
                     run_dir = out / "runs" / f"{task}-{mix}-s{seed}-{method}"
+                    began = time.monotonic()
                     if method.startswith("sync"):
                         r = run_sync_method(task, slowdowns, method.split("-")[1], seed, max_s)
                     else:
                         r = run_murmur(task, slowdowns, None if method == "ideal" else method.split("-")[1], seed, 6.0 if method == "ideal" else max_s, run_dir)
-                    r.update(mix=mix, seed=seed)
+                    r.update(mix=mix, seed=seed, run_wall_s=time.monotonic() - began)  # start-up and teardown included
                     group.append(r)
                 metric = TASKS[task]["metric"]
                 ideal = next(r["samples_per_s"] for r in results + group if (r["task"], r["mix"], r["method"]) == (task, mix, "ideal"))
@@ -215,11 +217,13 @@ def run_bench(config: dict, out: Path) -> dict:
                           f"max idle={max(p['idle_fraction'] for p in g['peers']):.1%} {metric}@{budget} samples={g['metric_at_equal_samples']}", flush=True)
                 results += group
                 (out / "results.json").write_text(json.dumps({"config": config, "results": results}, indent=1))
-    summary = summarize(results)
+    wall_s = time.monotonic() - bench_began
+    (out / "results.json").write_text(json.dumps({"config": config, "results": results, "wall_s": wall_s}, indent=1))
+    summary = summarize(results) + f"\nBenchmark wall time: {wall_s / 60:.1f} min ({len(results)} runs).\n"
     (out / "summary.md").write_text(summary)
     plot(results, out)
     print(summary)
-    return {"config": config, "results": results}
+    return {"config": config, "results": results, "wall_s": wall_s}
 
 
 def _med(values: list[float], digits: int = 2) -> str:
