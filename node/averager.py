@@ -210,12 +210,12 @@ class Averager:
                 conv = Conversation(stream, Exchange(Role.INITIATOR, AVERAGE, max_params_bytes=self._max_params))
                 snapshot = await anyio.to_thread.run_sync(self.trainer.snapshot, self.wire_dtype)
                 await conv.send(Offer(self.identity.run_id, self.identity.fingerprint, snapshot.weight, self.wire_dtype))
-                answer = await conv.receive()
+                answer = await conv.receive(Accept, Busy, Refuse)
                 if isinstance(answer, (Busy, Refuse)):
                     result = "busy" if isinstance(answer, Busy) else "refused"
                     await stream.close()
                     return self._record(Outcome(result, peer_id, answer.reason, time.perf_counter() - start))
-                assert isinstance(answer, Accept)
+                assert isinstance(answer, Accept)  # for the type checker: `receive` checked it
                 remote = await self._swap(conv, snapshot.state)
                 sent = self.trainer.spec.wire_size(self.wire_dtype)
                 pull, credited, verdict = await self._vet(peer_id, snapshot, remote, answer.work)
@@ -223,8 +223,7 @@ class Averager:
                     await conv.send(Abort(f"your model was rejected: {verdict}"))
                     await stream.close()
                     return self._record(Outcome("rejected", peer_id, verdict, time.perf_counter() - start, bytes_sent=sent))
-                commit = await conv.receive()  # the responder accepted our model
-                assert isinstance(commit, Commit)
+                await conv.receive(Commit)  # the responder accepted our model
                 await conv.send(Commit())
                 await stream.close()
                 decision = self.policy.mix(snapshot.weight, credited)
@@ -257,7 +256,7 @@ class Averager:
         sent = 0
         try:
             with anyio.fail_after(self.exchange_timeout):
-                offer = await conv.receive()
+                offer = await conv.receive(Offer)
                 assert isinstance(offer, Offer)
                 mismatch = self.identity.mismatch(offer.run_id, offer.fingerprint)
                 if mismatch:
@@ -286,8 +285,7 @@ class Averager:
                     self._record(Outcome("rejected", peer_id, verdict, time.perf_counter() - start, bytes_sent=sent))
                     return
                 await conv.send(Commit())
-                commit = await conv.receive()  # the initiator accepted our model too
-                assert isinstance(commit, Commit)
+                await conv.receive(Commit)  # the initiator accepted our model too
                 decision = self.policy.mix(snapshot.weight, credited)
                 await self._apply(snapshot, remote, decision.remote_share * pull, decision.weight_after)
                 self.table.refresh(peer_id, time.monotonic())
@@ -322,7 +320,7 @@ class Averager:
         conv = Conversation(stream, Exchange(Role.RESPONDER, STATE_SYNC))
         try:
             with anyio.fail_after(self.exchange_timeout):
-                request = await conv.receive()
+                request = await conv.receive(StateRequest)
                 assert isinstance(request, StateRequest)
                 mismatch = self.identity.mismatch(request.run_id, request.fingerprint)
                 if mismatch:
@@ -349,7 +347,7 @@ class Averager:
         try:
             with anyio.fail_after(self.exchange_timeout):
                 await conv.send(StateRequest(self.identity.run_id, self.identity.fingerprint, self.wire_dtype))
-                reply = await conv.receive()
+                reply = await conv.receive(StateReply, Refuse)
                 if isinstance(reply, Refuse):
                     raise StateSyncRefused(reply.reason)
                 assert isinstance(reply, StateReply)

@@ -83,7 +83,7 @@ class Membership:
         conv = Conversation(stream, Exchange(Role.RESPONDER, PEER_EXCHANGE))
         try:
             with anyio.fail_after(self.hello_timeout):
-                hello = await conv.receive()
+                hello = await conv.receive(Hello)
                 assert isinstance(hello, Hello)
                 refusal = self._admit(stream.remote_peer, hello)
                 if refusal:
@@ -107,7 +107,7 @@ class Membership:
                 conv = Conversation(stream, Exchange(Role.INITIATOR, PEER_EXCHANGE))
                 try:
                     await conv.send(self._hello())
-                    answer = await conv.receive()
+                    answer = await conv.receive(Hello, Refuse)
                 finally:
                     await stream.close()
         except (TimeoutError, ProtocolError, TransportError) as exc:

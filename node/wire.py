@@ -26,12 +26,16 @@ class Conversation:
     async def send(self, message: Message) -> None:
         await self.stream.send_all(self.exchange.send(message))
 
-    async def receive(self) -> Message:
+    async def receive(self, *expected: type[Message]) -> Message:
+        """The peer's next message; `ProtocolViolation` if it is none of the `expected` types (if given)."""
         while True:
             event = self.exchange.next_event()
             if isinstance(event, Abort):
                 raise PeerAborted(event.reason)
             if isinstance(event, Message):
+                if expected and not isinstance(event, expected):
+                    wanted = " or ".join(t.__name__ for t in expected)
+                    raise ProtocolViolation(f"{self.exchange.flow.name}: expected {wanted}, got {type(event).__name__}")
                 return event
             self.exchange.receive_data(await self.stream.receive_some())
 
@@ -49,14 +53,13 @@ class Conversation:
         Raises `TensorMismatch` for another dtype, layout or size (before allocating),
         `NonFiniteTensor` for NaN/Inf, and whatever `receive` raises.
         """
-        params = await self.receive()
-        if not isinstance(params, Params):
-            raise ProtocolViolation(f"expected Params, got {type(params).__name__}")
+        params = await self.receive(Params)
+        assert isinstance(params, Params)  # for the type checker: `receive` checked it
         if params.dtype != dtype:
             raise TensorMismatch(f"parameters arrive as {params.dtype!r}, {dtype!r} was agreed")
         decoder = WireDecoder(spec, params.dtype, params.layout, params.size)
         while not decoder.complete:
-            chunk = await self.receive()
-            assert isinstance(chunk, Chunk)  # the exchange allows nothing else while bytes are owed
+            chunk = await self.receive(Chunk)
+            assert isinstance(chunk, Chunk)
             decoder.feed(chunk.payload)
         return await anyio.to_thread.run_sync(decoder.finish)

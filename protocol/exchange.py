@@ -182,7 +182,7 @@ class Exchange:
     def _advance(self, message: Message, sender: Role, error: type[Exception]) -> None:
         owed = self._owed[sender]
         if isinstance(message, Chunk):
-            if len(message.payload) > owed:
+            if not 0 < len(message.payload) <= owed:  # an empty chunk would be a free no-op
                 raise error(f"{self.flow.name}: Chunk of {len(message.payload)} bytes from {sender.value}, {owed} announced bytes left")
             self._owed[sender] -= len(message.payload)
             return

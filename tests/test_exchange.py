@@ -65,6 +65,15 @@ AVERAGE_SCRIPT: list[tuple[Role, Message]] = [
 AVERAGE_STATES = [START, "offered", "accepted", "initiator_sent", "initiator_sent", "both_sent", "both_sent", "responder_committed", DONE]
 HELLO = Hello("run", "fp", ["/ip4/1.2.3.4/tcp/1"], [PeerRecord("p", ["/ip4/5.6.7.8/tcp/2"])])
 PEER_EXCHANGE_SCRIPT = [(I, HELLO), (R, Hello("run", "fp", [], []))]
+def test_an_empty_chunk_on_any_stream_is_a_violation_not_an_event() -> None:
+    # Found by the live fuzzer: an empty Chunk once slipped through as a no-op event.
+    for flow in (AVERAGE, PEER_EXCHANGE, STATE_SYNC):
+        responder = Exchange(R, flow, max_params_bytes=MAX_PARAMS)
+        responder.receive_data(encode_frame(Chunk(b"")))
+        with pytest.raises(ProtocolViolation, match=f"{flow.name}: Chunk of 0 bytes from initiator, 0 announced bytes left"):
+            responder.next_event()
+
+
 STATE_SYNC_SCRIPT = [(I, StateRequest("run", "fp")), (R, StateReply(3.0)), (R, PARAMS), (R, Chunk(b"s" * 5)), (R, Chunk(b"s" * 3))]
 
 
@@ -208,6 +217,7 @@ def test_nothing_may_follow_an_abort() -> None:
         (R, 0, PARAMS, "average: Params from initiator not allowed in state 'start'"),
         (R, 0, Chunk(b"x"), "average: Chunk of 1 bytes from initiator, 0 announced bytes left"),
         (R, 3, Chunk(b"x" * 9), "average: Chunk of 9 bytes from initiator, 8 announced bytes left"),
+        (R, 3, Chunk(b""), "average: Chunk of 0 bytes from initiator, 8 announced bytes left"),
         (R, 3, Commit(), "average: Commit from initiator with 8 parameter bytes still owed"),
         (I, 5, Commit(), "average: Commit from responder with 8 parameter bytes still owed"),
         (R, 5, Commit(), "average: Commit from initiator while 8 parameter bytes are still due to it"),
