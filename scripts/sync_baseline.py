@@ -1,6 +1,6 @@
 """Synchronous data-parallel baseline that Murmur is compared against.
 
-N ranks run as separate OS processes (spawned) in one `torch.distributed` gloo group
+N ranks run as separate OS processes (forked from a torch-preloaded server) in one `torch.distributed` gloo group
 on 127.0.0.1. Every step each rank computes the gradient of its own batch, then all
 ranks all-reduce the gradients (which doubles as the per-step barrier) and take the
 same optimizer step, so the model stays identical everywhere.
@@ -18,7 +18,7 @@ step takes S * step_time_ms * batch / 32 ms (minus what the compute really took)
 or, without `step_time_ms`, sleeps (S - 1) times the measured compute. The sleep
 comes before the all-reduce because it stands in for slower compute.
 
-Clock: start-up (spawn, group init, model build, the t=0 evaluation) is excluded;
+Clock: start-up (process start, group init, model build, the t=0 evaluation) is excluded;
 every rank starts its clock when it leaves a barrier that all ranks reach once ready.
 Rank 0 evaluates the held-out metric on a grid of `eval_every` seconds of training
 time. Evaluation is not training, so it is taken out of the clock on every rank: rank
@@ -139,7 +139,7 @@ def _free_store(timeout: timedelta) -> dist.TCPStore:
 
 @dataclass(frozen=True)
 class _Config:
-    """Everything a rank needs; pickled to each spawned process."""
+    """Everything a rank needs; pickled to each rank's process."""
 
     task: str
     slowdowns: tuple[float, ...]
@@ -391,7 +391,11 @@ def run_sync(
         task_name, tuple(float(s) for s in slowdowns), mode, float(duration), step_time_ms, target,
         float(eval_every), int(seed), store.port, float(pg_timeout_s),
     )  # fmt: skip
-    ctx = mp.get_context("spawn")
+    # Ranks fork from a server that has imported torch once: a fresh interpreter per rank
+    # would spend seconds importing it again on every run (start-up is excluded from the
+    # measurements either way, but it dominates a benchmark's wall time).
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__ if __name__ != "__main__" else "scripts.sync_baseline"])
     results = ctx.Queue()
     # daemon: if this process dies, multiprocessing's exit handler still ends the ranks
     procs = [ctx.Process(target=_worker, args=(r, cfg, results), name=f"sync-rank{r}", daemon=True) for r in range(n)]

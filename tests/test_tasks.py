@@ -118,3 +118,13 @@ def test_load_task_by_name_and_path() -> None:
 def test_load_task_unknown_names_the_spec(spec: str) -> None:
     with pytest.raises(UnknownTask, match=re.escape(repr(spec))):
         load_task(spec)
+
+
+def test_digits_are_read_exactly_as_scikit_learn_loads_them() -> None:
+    from sklearn.datasets import load_digits
+
+    from node.tasks.digits import load_digits_data
+
+    data, target = load_digits_data()
+    reference = load_digits()
+    assert np.array_equal(data, reference.data) and np.array_equal(target, reference.target)
