@@ -102,16 +102,21 @@ def start_swarm(root: Path, slowdowns: list[float], extra: list[str]) -> list[Pe
     return peers
 
 
-def stop_swarm(peers: list[Peer], timeout: float = 15.0) -> list[int | None]:
-    """SIGTERM every peer by PID, wait up to `timeout`, SIGKILL stragglers; return exit codes."""
-    for peer in peers:
-        if peer.process.poll() is None:
-            os.kill(peer.process.pid, signal.SIGTERM)
+def stop_processes(processes: list[subprocess.Popen], timeout: float = 15.0) -> list[int | None]:
+    """SIGTERM every process by PID, wait up to `timeout` in all, SIGKILL stragglers; return exit codes."""
+    for process in processes:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    for peer in peers:
+    for process in processes:
         try:
-            peer.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            peer.process.kill()
-            peer.process.wait()
-    return [peer.process.returncode for peer in peers]
+            process.kill()
+            process.wait()
+    return [process.returncode for process in processes]
+
+
+def stop_swarm(peers: list[Peer], timeout: float = 15.0) -> list[int | None]:
+    """Stop every peer (see `stop_processes`); return their exit codes."""
+    return stop_processes([peer.process for peer in peers], timeout)

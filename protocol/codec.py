@@ -116,10 +116,6 @@ class WireState(Mapping[str, torch.Tensor]):
         piece = self.tensors[name].reshape(-1)[elements].to(torch.float32)
         return piece * self.scales[name] if self.dtype == "int8" else piece
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values()) + _SCALE_BYTES * len(self.scales)
-
 
 PIECE = 1 << 20  # elements per piece: bounds the temporaries of whole-model arithmetic
 
@@ -178,7 +174,7 @@ def wire_chunks(wire: WireState, spec: TensorSpec, chunk_bytes: int = CHUNK_BYTE
 
 
 def encode_state(state: Mapping[str, torch.Tensor], spec: TensorSpec, dtype: str = "float32") -> bytes:
-    """All of `state`'s wire bytes at once (checkpoints, tests; exchanges stream `wire_chunks`)."""
+    """All of `state`'s wire bytes at once (tests, tools; exchanges stream `wire_chunks`)."""
     return b"".join(wire_chunks(quantize(state, spec, dtype), spec))
 
 

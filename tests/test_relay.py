@@ -2,9 +2,7 @@
 
 import json
 import logging
-import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -26,6 +24,7 @@ from node.membership import PEERS_PROTOCOL, Membership
 from node.merge import make_policy
 from node.peers import PeerTable
 from node.relay import circuit_address
+from node.swarm import stop_processes
 from node.tasks import DigitsTask
 from node.trainer import Trainer
 from node.transport import Libp2pTransport, TransportError
@@ -188,11 +187,4 @@ def test_murmur_run_peers_behind_a_relay_exchange_through_it(tmp_path: Path, any
             assert f"exchange with {ids[other][-8:]}: merged" in logs[name], logs[name]
             assert json.loads((tmp_path / name / "status.json").read_text())["exchanges"]["merged"] >= 1
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
+        stop_processes(procs, timeout=30)
