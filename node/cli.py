@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import gc
 import logging
 import os
 import signal
@@ -56,6 +57,8 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wire-dtype", choices=WIRE_DTYPE_NAMES, default="float32", help="dtype parameters travel in when this node starts an exchange or state sync: float32 (exact), bfloat16/float16 (half the bytes), int8 (a quarter, per-tensor scale)")
     p.add_argument("--max-connections", type=int, default=300, help="connection limit (inbound + outbound)")
     p.add_argument("--start-at", type=float, default=None, metavar="UNIX_TIME", help="join first, start training at this time")
+    p.add_argument("--start-file", type=Path, default=None, metavar="FILE",
+                   help="join first, then wait until FILE holds a Unix time and start training then (status phase 'waiting' meanwhile)")
     p.add_argument("--record-params", action="store_true", help="save the parameters at every evaluation (benchmarks)")
     p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default="INFO", help="log records this severe and worse (default INFO)")
     p.add_argument("--log-format", choices=LOG_FORMATS, default="text", help="text: readable lines; json: one JSON object per line (time, level, logger, message, peer)")
@@ -214,13 +217,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         addr_file=args.addr_file, slowdown=args.slowdown, step_time_ms=args.step_time,
         weighting=args.weighting, average_every=args.average_every, exchange_timeout=args.exchange_timeout,
         liveness_timeout=args.liveness_timeout, view_size=args.view_size or None, eval_every=args.eval_every, duration=args.duration,
-        shard=args.shard, sync_state=not args.no_state_sync, start_at=args.start_at, record_params=args.record_params,
+        shard=args.shard, sync_state=not args.no_state_sync, start_at=args.start_at, start_file=args.start_file, record_params=args.record_params,
         checkpoint_every=args.checkpoint_every, allow_peers=args.allow_peers,
         swarm_secret_file=args.swarm_secret_file, max_connections=args.max_connections, wire_dtype=args.wire_dtype,
         device=str(device), mixed_precision=args.mixed_precision,
         metrics_port=args.metrics_port, metrics_host=args.metrics_host,
     )
     unavailable: BaseException | None = None
+    # Modules and start-up objects live as long as the process: keep full collections from rescanning them.
+    gc.freeze()
     try:
         anyio.run(_run_until_signal, config, key_pair, backend="trio")
     except* MetricsUnavailable as group:  # e.g. a taken port: one line, not a traceback

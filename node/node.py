@@ -37,6 +37,7 @@ from node.transport import Libp2pTransport, Transport
 
 log = logging.getLogger("murmur.node")
 STATUS_INTERVAL = 1.0  # seconds between status.json writes (and metrics updates)
+START_FILE_POLL_S = 0.02
 METRICS_FILE = "metrics.jsonl"
 PARAMS_FILE = "params.pt"
 CHECKPOINT_DIR = "checkpoints"
@@ -69,6 +70,7 @@ class NodeConfig:
     shard: int | None = None  # defaults to a number derived from the peer ID
     sync_state: bool = True
     start_at: float | None = None  # Unix time to start training (benchmarks start peers together)
+    start_file: Path | None = None  # wait for this file to hold the Unix time to start at (see `wait_for_start_time`)
     checkpoint_every: float = 30.0  # seconds; also on exit
     catch_up_ratio: float = 1.0  # a resumed node adopts a peer's model carrying at least this many times its work
     record_params: bool = False  # keep the parameters at every evaluation, saved to params.pt on exit
@@ -116,6 +118,7 @@ class Node:
         self.stats = TrainStats()
         self.param_history: list[tuple[float, torch.Tensor]] = []
         self._serve_scope = anyio.CancelScope()
+        self.phase = "joining"  # then "waiting" (ready, not yet told to start) and "training"
         self.last_eval: dict[str, float] = {}
         self.metrics = NodeMetrics(self.peer_id, task.name)
         self.metrics_url: str | None = None
@@ -183,11 +186,20 @@ class Node:
             tg.start_soon(self.membership.run, cfg.bootstrap, cfg.gossip_every)
             tg.start_soon(self.averager.run, cfg.average_every)
             tg.start_soon(self._checkpoint_periodically)
-            if cfg.start_at is not None:
-                await anyio.sleep(max(0.0, cfg.start_at - time.time()))
+            start_at = cfg.start_at
+            if cfg.start_file is not None:
+                self._set_phase("waiting")
+                start_at = await wait_for_start_time(cfg.start_file)
+            if start_at is not None:
+                await anyio.sleep(max(0.0, start_at - time.time()))
+            self._set_phase("training")
             with anyio.move_on_after(cfg.duration if cfg.duration is not None else float("inf")):
                 await train(self.trainer, Pacing(cfg.slowdown, cfg.step_time_ms), self.stats, eval_every=cfg.eval_every, on_eval=self._on_eval)
             tg.cancel_scope.cancel()
+
+    def _set_phase(self, phase: str) -> None:
+        self.phase = phase
+        self.write_status()  # at once: a benchmark waits for every peer to be "waiting"
 
     def _on_eval(self, metrics: dict[str, float]) -> None:
         self.last_eval = metrics
@@ -248,6 +260,7 @@ class Node:
             "task": self.trainer.task.name,
             "device": str(self.trainer.device),
             "t": time.time(),
+            "phase": self.phase,
             "uptime_s": elapsed,
             "samples": self.trainer.samples,
             "samples_per_s": self.trainer.samples / elapsed if elapsed else 0.0,
@@ -275,6 +288,18 @@ class Node:
         status = self.status()
         _write_atomic(self.config.data_dir / STATUS_FILE, json.dumps(status, indent=1))
         return status
+
+
+async def wait_for_start_time(path: Path) -> float:
+    """The Unix time written to `path`, once the file exists and holds one (polled; waits until cancelled).
+
+    Write it atomically (rename a finished file into place) so that no half-written time is read.
+    """
+    while True:
+        try:
+            return float(path.read_text())
+        except (OSError, ValueError):
+            await anyio.sleep(START_FILE_POLL_S)
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -2,12 +2,14 @@
 
 Used by `murmur demo`, the benchmarks and the swarm tests. Every peer gets its own
 data dir under `root`; the first peer's address (from its `--addr-file`) is every
-other peer's bootstrap.
+other peer's bootstrap. `ForkedPeer` starts `murmur run` faster, for benchmarks that
+start many short-lived swarms.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -57,6 +59,58 @@ def peer_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("MURMUR_")}
 
 
+FORK_PRELOAD = ["node.preload"]  # what the fork server imports once (see node/preload.py)
+
+
+class ForkedPeer:
+    """`murmur run ARGV` in a process forked from a server that has imported everything once.
+
+    The peer runs the command's own code (`node.cli.entry`) in its own OS process and
+    session, with its output in `log_path` and no `MURMUR_*` settings, like `start_peer`'s
+    peers; it is ready in about a second instead of several. Popen-like (`pid`, `poll`,
+    `wait`, `kill`, `returncode`), so `stop_processes` stops it by PID.
+    """
+
+    def __init__(self, argv: list[str], log_path: Path) -> None:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(FORK_PRELOAD)
+        # daemon: should this process die, multiprocessing's exit handler still ends the peer
+        self._process = context.Process(target=_forked_murmur, args=(argv, str(log_path)), name="murmur-run", daemon=True)
+        self._process.start()
+        self.pid: int = self._process.pid  # type: ignore[assignment]  # set by start()
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The exit code; raises `subprocess.TimeoutExpired` if the peer still runs after `timeout`."""
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired("murmur run", timeout or 0.0)
+        return self._process.exitcode
+
+    def kill(self) -> None:
+        self._process.kill()
+
+
+def _forked_murmur(argv: list[str], log_path: str) -> None:
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.setsid()  # as start_new_session: Ctrl-C reaches only the controller, which stops peers by PID
+    for key in [k for k in os.environ if k.startswith("MURMUR_")]:
+        del os.environ[key]
+    from node.cli import entry
+
+    sys.argv = ["murmur", *argv]
+    entry()  # exits the process
+
+
 def start_peer(
     index: int, root: Path, slowdown: float, extra: list[str], bootstrap: str | None, command: list[str] | None = None
 ) -> Peer:
@@ -102,7 +156,7 @@ def start_swarm(root: Path, slowdowns: list[float], extra: list[str]) -> list[Pe
     return peers
 
 
-def stop_processes(processes: list[subprocess.Popen], timeout: float = 15.0) -> list[int | None]:
+def stop_processes(processes: list[subprocess.Popen] | list[ForkedPeer], timeout: float = 15.0) -> list[int | None]:
     """SIGTERM every process by PID, wait up to `timeout` in all, SIGKILL stragglers; return exit codes."""
     for process in processes:
         if process.poll() is None:

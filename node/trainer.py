@@ -1,7 +1,8 @@
 """The local trainer: a task's model, optimizer and data, stepped from a worker thread.
 
-`Trainer` is synchronous and thread-safe: `step`, `snapshot`, `apply_merge`, `adopt`
-and `evaluate` each hold one lock, so merges land between steps and never tear a step.
+`Trainer` is synchronous and thread-safe: `step`, `snapshot`, `apply_merge` and `adopt`
+each hold one lock, so merges land between steps and never tear a step; `evaluate`
+holds it only to copy the model, then scores the copy while training goes on.
 The model and its batches live on the trainer's device; snapshots and checkpoints are
 CPU copies, and merged or adopted tensors may come from any device and float dtype.
 `train` is the async loop that runs steps on a worker thread at this peer's own pace
@@ -11,6 +12,7 @@ CPU copies, and merged or adopted tensors may come from any device and float dty
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import threading
 import time
@@ -46,6 +48,11 @@ def _flat(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
         tensor.copy_(flat.view_as(tensor))
 
 
+# The event loop's timers wake up to ~1-2 ms late (epoll timeouts are whole milliseconds);
+# a real device would already hold the next step by then, so such lateness is not idle time.
+TIMER_SLACK_S = 0.002
+
+
 @dataclass(frozen=True)
 class Pacing:
     """Emulated hardware speed.
@@ -63,6 +70,15 @@ class Pacing:
         if self.step_time_ms is None:
             return elapsed_s + (self.slowdown - 1) * compute_s
         return max(elapsed_s, self.slowdown * self.step_time_ms / 1000 * batch_size / 32)
+
+    @staticmethod
+    def step_start(now: float, device_free: float) -> float:
+        """When the step the host launches at `now` starts on the device, busy until `device_free`.
+
+        A host late by at most `TIMER_SLACK_S` continues the device's schedule; a longer
+        gap (an evaluation, a lock held by a merge) is idle time.
+        """
+        return device_free if now - device_free <= TIMER_SLACK_S else now
 
 
 class Trainer:
@@ -85,6 +101,8 @@ class Trainer:
         self.architecture = " ".join(type(m).__name__ for m in self.model.modules())
         self._batches = task.train_batches(shard)
         self._lock = threading.Lock()
+        self._eval_lock = threading.Lock()  # one evaluation at a time owns `_eval_model`
+        self._eval_model: torch.nn.Module | None = None
         self._live = {n: t for n, t in self.model.state_dict().items() if n in dict(self.spec.entries)}
         self.samples = 0  # samples this peer processed itself
         self.weight = 0.0  # work weight of the current model (shared through merges)
@@ -166,8 +184,18 @@ class Trainer:
             self.samples = int(state["samples"])
 
     def evaluate(self) -> dict[str, float]:
-        with self._lock:
-            return self.task.evaluate(self.model)
+        """The task's held-out metrics for the model as it is now.
+
+        Only copying the model (into a second instance kept for this) holds the lock; the
+        held-out pass runs on the copy, so it never pauses `step` or a merge.
+        """
+        with self._eval_lock:
+            with self._lock:
+                if self._eval_model is None:
+                    self._eval_model = copy.deepcopy(self.model)
+                else:
+                    self._eval_model.load_state_dict(self.model.state_dict())
+            return self.task.evaluate(self._eval_model)
 
 
 @dataclass
@@ -178,7 +206,7 @@ class TrainStats:
     ended: float | None = None
     steps: int = 0
     busy_s: float = 0.0
-    eval_s: float = 0.0
+    eval_s: float = 0.0  # spent evaluating, alongside training
 
     def elapsed(self, now: float) -> float:
         """Seconds of training so far (the loop's lifetime, not the process's)."""
@@ -200,24 +228,40 @@ async def train(
     on_eval: Callable[[dict[str, float]], None],
     max_steps: int | None = None,
 ) -> None:
-    """Train until cancelled (or `max_steps`), evaluating every `eval_every` seconds.
+    """Train until cancelled (or `max_steps`), evaluating every `eval_every` seconds alongside.
 
-    Never waits for another peer: the only pauses are this peer's own evaluation
-    and merges applied between steps.
+    Never waits for another peer nor for its own evaluation: the only pauses are
+    merges applied between steps.
     """
-    stats.started = next_eval = time.monotonic()
-    try:
-        while max_steps is None or stats.steps < max_steps:
-            if time.monotonic() >= next_eval:
-                start = time.monotonic()
-                on_eval(await anyio.to_thread.run_sync(trainer.evaluate))
-                stats.eval_s += time.monotonic() - start
-                next_eval = max(next_eval + eval_every, time.monotonic())  # skip grid points we missed
-            start = anyio.current_time()  # the event loop's clock, which `sleep_until` uses
-            compute = await anyio.to_thread.run_sync(trainer.step)
-            duration = pacing.step_duration(compute, anyio.current_time() - start, trainer.task.batch_size)
-            await anyio.sleep_until(start + duration)
-            stats.steps += 1
-            stats.busy_s += duration
-    finally:
-        stats.ended = time.monotonic()
+    stats.started = time.monotonic()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_evaluate_periodically, trainer, stats, eval_every, on_eval)
+        try:
+            await _step(trainer, pacing, stats, max_steps)
+        finally:
+            stats.ended = time.monotonic()  # not waiting for an evaluation in flight
+        tg.cancel_scope.cancel()
+
+
+async def _step(trainer: Trainer, pacing: Pacing, stats: TrainStats, max_steps: int | None) -> None:
+    device_free = anyio.current_time()  # when the emulated device finishes the step it holds (the event loop's clock)
+    while max_steps is None or stats.steps < max_steps:
+        start = pacing.step_start(anyio.current_time(), device_free)
+        compute = await anyio.to_thread.run_sync(trainer.step)
+        duration = pacing.step_duration(compute, anyio.current_time() - start, trainer.task.batch_size)
+        device_free = start + duration
+        await anyio.sleep_until(device_free)
+        stats.steps += 1
+        stats.busy_s += duration
+
+
+async def _evaluate_periodically(
+    trainer: Trainer, stats: TrainStats, eval_every: float, on_eval: Callable[[dict[str, float]], None]
+) -> None:
+    next_eval = time.monotonic()
+    while True:
+        await anyio.sleep(max(0.0, next_eval - time.monotonic()))
+        start = time.monotonic()
+        on_eval(await anyio.to_thread.run_sync(trainer.evaluate))
+        stats.eval_s += time.monotonic() - start
+        next_eval = max(next_eval + eval_every, time.monotonic())  # skip grid points we missed

@@ -11,8 +11,8 @@ one torch thread per peer):
   ideal              every peer alone at once (no exchanges): Σ standalone speeds
 
 Metrics: wall time until the median peer's held-out metric reaches the target (1 s
-evaluation grid, start-up excluded: Murmur peers join first and start together at
-`--start-at`), samples/s and % of ideal, per-peer idle fraction and bytes sent, metric
+evaluation grid, start-up excluded: Murmur peers join first and start together once all
+are ready, through `--start-file`), samples/s and % of ideal, per-peer idle fraction and bytes sent, metric
 at equal total samples, consensus distance over time. Writes JSON, PNG plots and a
 markdown table to `--out`.
 
@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
+import multiprocessing
+import multiprocessing.forkserver
 import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from node.swarm import murmur_command, peer_environment  # noqa: E402
+from node.swarm import FORK_PRELOAD, ForkedPeer, stop_processes  # noqa: E402
 
 MIXES = {
     "homogeneous": [1.0, 1.0, 1.0, 1.0],
@@ -50,12 +49,14 @@ MIXES = {
 # Fixed workloads; step_time pads every step to S x step_time ms per 32 samples.
 TASKS = {
     "digits": {"step_time": 20.0, "target": 0.95, "metric": "accuracy", "higher": True, "max_s": 120.0},
-    "charlm": {"step_time": 40.0, "target": 2.5, "metric": "loss", "higher": False, "max_s": 120.0},
+    # A charlm step computes for ~24 ms on one core: at 80 ms the headline mix keeps ~0.8 of the 2 cores
+    # busy training (at 40 ms it needed 1.65 and the emulated devices fell ~20 % behind their speeds).
+    "charlm": {"step_time": 80.0, "target": 2.5, "metric": "loss", "higher": False, "max_s": 120.0},
 }
 METHODS = ["sync-equal", "sync-proportional", "murmur-uniform", "murmur-work"]
-DEFAULT = {"tasks": ["digits", "charlm"], "mixes": {"digits": ["homogeneous", "mild", "headline", "extreme"], "charlm": ["headline"]}, "seeds": [0, 1, 2], "max_s": {"digits": 25.0, "charlm": 40.0}}
+DEFAULT = {"tasks": ["digits", "charlm"], "mixes": {"digits": ["homogeneous", "mild", "headline", "extreme"], "charlm": ["headline"]}, "seeds": [0, 1, 2], "max_s": {"digits": 25.0, "charlm": 60.0}}
 QUICK = {"tasks": ["digits"], "mixes": {"digits": ["headline"]}, "seeds": [0], "max_s": {"digits": 20.0}}
-STARTUP_S = 8.0  # Murmur peers join during this window, then all start training together (5 and 6.5 s proved too short on 2 cores)
+START_MARGIN_S = 0.3  # from the start file's writing to the start time it holds: every peer reads it in time
 
 
 def _free_port() -> int:
@@ -78,27 +79,39 @@ def _reached(value: float, target: float, higher: bool) -> bool:
 def run_murmur(
     task: str, slowdowns: list[float], weighting: str | None, seed: int, max_s: float, root: Path, average_every: float = 0.1
 ) -> dict[str, Any]:
-    """Run one swarm (or, with `weighting=None`, lone peers for the ideal); return its results."""
+    """Run one swarm (or, with `weighting=None`, lone peers for the ideal); return its results.
+
+    Peers join first; once every peer is ready (status phase "waiting", knowing all the
+    others) the start file tells them all one start time, t=0 of the run.
+    """
     spec = TASKS[task]
     root.mkdir(parents=True, exist_ok=True)
     ports = [_free_port() for _ in slowdowns]
     dirs = [root / f"peer-{i}" for i in range(len(slowdowns))]
+    start_file = root / "start-at"
+    start_file.unlink(missing_ok=True)
     first = f"/ip4/127.0.0.1/tcp/{ports[0]}/p2p/{_peer_id(dirs[0])}"
-    start_at = time.time() + STARTUP_S
     procs = []
     for i, (slowdown, data_dir) in enumerate(zip(slowdowns, dirs)):
-        args = murmur_command() + [
+        args = [
             "run", "--task", task, "--data-dir", str(data_dir), "--listen", f"/ip4/127.0.0.1/tcp/{ports[i]}",
             "--slowdown", str(slowdown), "--step-time", str(spec["step_time"]), "--duration", str(max_s),
-            "--start-at", str(start_at), "--shard", str(1000 * seed + i), "--record-params", "--log-level", "WARNING",
+            "--start-file", str(start_file), "--shard", str(1000 * seed + i), "--record-params", "--log-level", "WARNING",
         ]
         if weighting is None:
             args += ["--average-every", "1e9"]  # alone: no bootstrap, no exchanges
         else:
             args += ["--weighting", weighting, "--average-every", str(average_every)] + (["--bootstrap", first] if i else [])
-        log = (data_dir.mkdir(parents=True, exist_ok=True), (data_dir / "log.txt").open("w"))[1]
-        procs.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=peer_environment()))
+        (data_dir / "status.json").unlink(missing_ok=True)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        procs.append(ForkedPeer(args, data_dir / "log.txt"))
     try:
+        joined = time.monotonic()
+        _wait_until_ready(procs, dirs, others=0 if weighting is None else len(slowdowns) - 1)
+        start_at = time.time() + START_MARGIN_S
+        (root / "start-at.tmp").write_text(repr(start_at))
+        (root / "start-at.tmp").replace(start_file)
+        startup_s = time.monotonic() - joined + START_MARGIN_S
         deadline = start_at + max_s + 30
         while time.time() < deadline and any(p.poll() is None for p in procs):
             time.sleep(0.5)
@@ -107,16 +120,31 @@ def run_murmur(
                 time.sleep(1.0)  # one more grid point, then stop everyone
                 break
     finally:
-        for p in procs:
-            if p.poll() is None:
-                os.kill(p.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-    return _murmur_result(task, slowdowns, weighting, dirs, start_at, [p.returncode for p in procs])
+        codes = stop_processes(procs, timeout=20)
+    result = _murmur_result(task, slowdowns, weighting, dirs, start_at, codes)
+    result["startup_s"] = startup_s
+    return result
+
+
+def _wait_until_ready(procs: list[ForkedPeer], dirs: list[Path], others: int, timeout: float = 60.0) -> None:
+    """Wait until every peer waits for its start time, knowing `others` peers; raise if one exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for i, p in enumerate(procs):
+            if p.poll() is not None:
+                raise RuntimeError(f"peer {i} exited with {p.returncode} before the start; see {dirs[i] / 'log.txt'}")
+        statuses = [_status(d) for d in dirs]
+        if all(s.get("phase") == "waiting" and s.get("known_peers", 0) >= others for s in statuses):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"peers not ready within {timeout:g}s: {[_status(d).get('phase') for d in dirs]}")
+
+
+def _status(data_dir: Path) -> dict:
+    try:
+        return json.loads((data_dir / "status.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
 
 
 def _records(data_dir: Path) -> list[dict]:
@@ -182,11 +210,22 @@ def run_sync_method(task: str, slowdowns: list[float], mode: str, seed: int, max
 
 
 def _at_samples(result: dict, metric: str, samples: float) -> float | None:
-    return next((c[metric] for c in result["curve"] if c["samples"] >= samples), None)
+    """The metric when the run had processed `samples` in all (linear between evaluations), or None beyond its end."""
+    curve = result["curve"]
+    for before, after in zip(curve, curve[1:]):
+        if before["samples"] <= samples <= after["samples"]:
+            span = after["samples"] - before["samples"]
+            share = (samples - before["samples"]) / span if span else 1.0
+            return before[metric] + share * (after[metric] - before[metric])
+    return None
 
 
 def run_bench(config: dict, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
+    # One fork server, started now with everything both kinds of run import: Murmur peers
+    # and sync ranks then start in about a second (start-up is excluded from the measurements).
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["scripts.sync_baseline", *FORK_PRELOAD])
+    multiprocessing.forkserver.ensure_running()
     bench_began = time.monotonic()
     results: list[dict] = []
     for task in config["tasks"]:
@@ -209,7 +248,8 @@ def run_bench(config: dict, out: Path) -> dict:
                     group.append(r)
                 metric = TASKS[task]["metric"]
                 ideal = next(r["samples_per_s"] for r in results + group if (r["task"], r["mix"], r["method"]) == (task, mix, "ideal"))
-                budget = next((g["curve"][-1]["samples"] for g in group if g["method"] == "sync-equal" and g["curve"]), None)
+                # Equal samples: as many as every method of the group processed (each stops soon after its target).
+                budget = min((g["curve"][-1]["samples"] for g in group if g["method"] != "ideal" and g["curve"]), default=None)
                 for g in group:
                     g["pct_of_ideal"] = g["samples_per_s"] / ideal if ideal else None
                     g["metric_at_equal_samples"] = _at_samples(g, metric, budget) if budget and g["method"] != "ideal" else None

@@ -1,6 +1,7 @@
 """Whole nodes (membership, averaging, training) over the in-memory transport."""
 
 import json
+import time
 from pathlib import Path
 
 import anyio
@@ -45,3 +46,23 @@ async def test_node_saves_on_exit_and_resumes_from_its_checkpoint(tmp_path: Path
     again = Node(config, net.transport("n"))
     assert again.resumed_from is not None
     assert (again.trainer.samples, again.trainer.weight) == (first.trainer.samples, first.trainer.weight)
+
+
+async def test_node_waits_for_its_start_file_then_trains_from_the_time_it_holds(tmp_path: Path) -> None:
+    start_file = tmp_path / "start"
+    node = Node(NodeConfig(data_dir=tmp_path / "n", duration=0.5, start_file=start_file), MemoryNetwork().transport("n"))
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(node.run)
+            with anyio.fail_after(10):
+                while node.phase != "waiting":
+                    await anyio.sleep(0.02)
+            assert json.loads((node.config.data_dir / STATUS_FILE).read_text())["phase"] == "waiting"
+            await anyio.sleep(0.3)
+            assert node.trainer.samples == 0  # ready, but not told to start
+            begin = time.time() + 0.5
+            start_file.with_name("start.tmp").write_text(str(begin))
+            start_file.with_name("start.tmp").replace(start_file)
+    records = [json.loads(line) for line in (node.config.data_dir / METRICS_FILE).read_text().splitlines()]
+    assert records[0]["t"] >= begin and node.trainer.samples > 0
+    assert json.loads((node.config.data_dir / STATUS_FILE).read_text())["phase"] == "training"

@@ -67,3 +67,26 @@ def test_graceful_leave_checkpoints_and_neighbours_drop_the_peer_at_once(tmp_pat
         assert all(leaver_id not in p.status()["peers"] for p in peers[:2])
     finally:
         assert stop_swarm(peers)[:2] == [0, 0]
+
+
+def test_forked_peer_runs_murmur_in_its_own_session_and_stops_by_pid(tmp_path: Path) -> None:
+    import os
+
+    from node.swarm import ForkedPeer, stop_processes
+
+    start_file = tmp_path / "start"
+    peer = ForkedPeer(["run", "--task", "digits", "--data-dir", str(tmp_path / "p"), "--listen", "/ip4/127.0.0.1/tcp/0",
+                       "--start-file", str(start_file), "--addr-file", str(tmp_path / "addrs")], tmp_path / "log.txt")
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "addrs").exists() and time.monotonic() < deadline:
+            assert peer.poll() is None, (tmp_path / "log.txt").read_text()
+            time.sleep(0.1)
+        assert os.getsid(peer.pid) == peer.pid  # a session of its own: a Ctrl-C meant for us does not reach it
+        start_file.write_text(repr(time.time()))
+        time.sleep(1.5)
+    finally:
+        assert stop_processes([peer]) == [0]
+    log = (tmp_path / "log.txt").read_text()
+    assert "murmur: listening on /ip4/127.0.0.1/tcp/" in log and "Traceback" not in log
+    assert (tmp_path / "p" / "metrics.jsonl").read_text().strip()  # it trained once told to start

@@ -1,9 +1,11 @@
+import time
+
 import pytest
 import torch
 
 from node.merge import merge_delta
 from node.tasks import DigitsTask
-from node.trainer import Pacing, Trainer, TrainStats, train
+from node.trainer import TIMER_SLACK_S, Pacing, Trainer, TrainStats, train
 
 pytestmark = pytest.mark.anyio
 
@@ -14,6 +16,14 @@ def test_step_time_pads_each_step_to_its_emulated_duration() -> None:
     assert pacing.step_duration(compute_s=0.003, elapsed_s=0.004, batch_size=64) == pytest.approx(0.160)
     # A step slower than its target is never shortened.
     assert pacing.step_duration(compute_s=0.2, elapsed_s=0.2, batch_size=32) == pytest.approx(0.2)
+
+
+def test_host_lateness_within_the_timer_slack_is_not_idle_time() -> None:
+    # The device finished its step at t=1.0; the host wakes 1 ms late: the next step starts at 1.0.
+    assert Pacing.step_start(now=1.001, device_free=1.0) == 1.0
+    assert Pacing.step_start(now=1.0 + 0.9 * TIMER_SLACK_S, device_free=1.0) == 1.0
+    # A longer gap (an evaluation, a merge holding the lock) is real idle time.
+    assert Pacing.step_start(now=1.05, device_free=1.0) == 1.05
 
 
 def test_slowdown_sleeps_s_minus_one_times_compute() -> None:
@@ -41,7 +51,30 @@ async def test_train_loop_steps_and_evaluates() -> None:
     trainer = Trainer(DigitsTask(), shard=0)
     evals: list[dict[str, float]] = []
     stats = TrainStats()
-    await train(trainer, Pacing(), stats, eval_every=0.0, on_eval=evals.append, max_steps=5)
-    assert stats.steps == 5 and trainer.samples == 160
-    assert len(evals) == 5 and all("accuracy" in e for e in evals)
+    await train(trainer, Pacing(slowdown=1, step_time_ms=5), stats, eval_every=0.01, on_eval=evals.append, max_steps=10)
+    assert stats.steps == 10 and trainer.samples == 320
+    assert len(evals) >= 2 and all("accuracy" in e for e in evals)
     assert 0 < stats.busy_s
+
+
+class _SlowEvalTask(DigitsTask):
+    """Digits whose held-out pass takes `seconds` (a big evaluation set)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
+        time.sleep(self.seconds)
+        return super().evaluate(model)
+
+
+async def test_evaluation_runs_alongside_training_and_scores_a_copy() -> None:
+    trainer = Trainer(_SlowEvalTask(seconds=0.3), shard=0)
+    stats = TrainStats()
+    evals: list[dict[str, float]] = []
+    await train(trainer, Pacing(slowdown=1, step_time_ms=10), stats, eval_every=10.0, on_eval=evals.append, max_steps=20)
+    # 20 steps of 10 ms finished while the first 0.3 s evaluation was still running.
+    assert stats.ended - stats.started < 0.3
+    assert stats.busy_s / (stats.ended - stats.started) > 0.9
+    assert trainer._eval_model is not trainer.model

@@ -6,7 +6,7 @@ bytes. The vocabulary is the 256 byte values, fixed, so every peer builds the sa
 model whatever text it has. The model follows nanoGPT's layout: pre-LayerNorm
 blocks, learned positional embedding, and an output layer tied to the input
 embedding (about 0.12M parameters: 2 layers of width 64, so a step of 32×32 bytes
-takes ~10 ms on one core and benchmarks stay affordable).
+takes ~24 ms on one core and benchmarks stay affordable).
 """
 
 from __future__ import annotations
