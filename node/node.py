@@ -32,7 +32,7 @@ from node.peers import PeerTable
 from node.security import BanList, GuardedTransport, load_allow_list, load_secret
 from node.status import STATUS_FILE
 from node.tasks import load_task
-from node.trainer import Pacing, Trainer, TrainStats, train
+from node.trainer import Evaluation, Pacing, Trainer, TrainStats, train
 from node.transport import Libp2pTransport, Transport
 
 log = logging.getLogger("murmur.node")
@@ -201,15 +201,16 @@ class Node:
         self.phase = phase
         self.write_status()  # at once: a benchmark waits for every peer to be "waiting"
 
-    def _on_eval(self, metrics: dict[str, float]) -> None:
-        self.last_eval = metrics
-        record = {"t": time.time(), "samples": self.trainer.samples, "weight": self.trainer.weight, **metrics,
+    def _on_eval(self, evaluation: Evaluation) -> None:
+        self.last_eval = evaluation.metrics
+        # Stamped when the model was copied: an evaluation on a busy machine may finish much later.
+        record = {"t": evaluation.t, "samples": evaluation.samples, "weight": evaluation.weight, **evaluation.metrics,
                   "exchanges": self.averager.outcomes["merged"]}
         with self._metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
         if self.config.record_params:
             state = self.trainer.snapshot().state
-            self.param_history.append((record["t"], torch.cat([t.flatten() for t in state.values()])))
+            self.param_history.append((time.time(), torch.cat([t.flatten() for t in state.values()])))
 
     def _restore(self) -> Path | None:
         found = load_latest(self.config.data_dir / CHECKPOINT_DIR)

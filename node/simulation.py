@@ -602,7 +602,7 @@ class GossipSimulation:
             await anyio.sleep_until(t)
             ready = [p for p in self.peers.values() if p.ready]
             sample = [p if p in self.peers else self._eval_rng.choice(ready).peer_id for p in sample]
-            accuracy = [self.peers[p].trainer.evaluate()["accuracy"] for p in sample if self.peers[p].ready]
+            accuracy = [self.peers[p].trainer.evaluate().metrics["accuracy"] for p in sample if self.peers[p].ready]
             if result.record(t, accuracy, consensus_distance([p.trainer for p in ready]), len(self.peers)):
                 return
             if time.perf_counter() - wall_start > cfg.max_wall_s:

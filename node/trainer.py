@@ -39,6 +39,16 @@ class Snapshot:
     weight: float
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """Held-out metrics of the model as it was at Unix time `t`, with `samples` of this peer's own work in it."""
+
+    t: float
+    samples: int
+    weight: float
+    metrics: dict[str, float]
+
+
 @contextlib.contextmanager
 def _flat(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
     """A flat view of `tensor` to update in place (via a copy written back if it is not contiguous)."""
@@ -183,7 +193,7 @@ class Trainer:
             self.weight = float(state["weight"])
             self.samples = int(state["samples"])
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self) -> Evaluation:
         """The task's held-out metrics for the model as it is now.
 
         Only copying the model (into a second instance kept for this) holds the lock; the
@@ -195,7 +205,8 @@ class Trainer:
                     self._eval_model = copy.deepcopy(self.model)
                 else:
                     self._eval_model.load_state_dict(self.model.state_dict())
-            return self.task.evaluate(self._eval_model)
+                copied = (time.time(), self.samples, self.weight)
+            return Evaluation(*copied, self.task.evaluate(self._eval_model))
 
 
 @dataclass
@@ -225,7 +236,7 @@ async def train(
     stats: TrainStats,
     *,
     eval_every: float,
-    on_eval: Callable[[dict[str, float]], None],
+    on_eval: Callable[[Evaluation], None],
     max_steps: int | None = None,
 ) -> None:
     """Train until cancelled (or `max_steps`), evaluating every `eval_every` seconds alongside.
@@ -256,7 +267,7 @@ async def _step(trainer: Trainer, pacing: Pacing, stats: TrainStats, max_steps: 
 
 
 async def _evaluate_periodically(
-    trainer: Trainer, stats: TrainStats, eval_every: float, on_eval: Callable[[dict[str, float]], None]
+    trainer: Trainer, stats: TrainStats, eval_every: float, on_eval: Callable[[Evaluation], None]
 ) -> None:
     next_eval = time.monotonic()
     while True:

@@ -225,4 +225,4 @@ def test_mixed_precision_trains_on_cuda() -> None:
         losses.append(trainer.last_loss)
     assert next(trainer.model.parameters()).dtype == torch.float32  # autocast leaves the weights alone
     assert losses[-1] < losses[0]
-    assert trainer.evaluate()["accuracy"] > 0.5
+    assert trainer.evaluate().metrics["accuracy"] > 0.5

@@ -1,11 +1,12 @@
-import time
+import threading
 
+import anyio
 import pytest
 import torch
 
 from node.merge import merge_delta
 from node.tasks import DigitsTask
-from node.trainer import TIMER_SLACK_S, Pacing, Trainer, TrainStats, train
+from node.trainer import TIMER_SLACK_S, Evaluation, Pacing, Trainer, TrainStats, train
 
 pytestmark = pytest.mark.anyio
 
@@ -49,32 +50,41 @@ def test_step_counts_work_and_merge_keeps_in_flight_progress() -> None:
 
 async def test_train_loop_steps_and_evaluates() -> None:
     trainer = Trainer(DigitsTask(), shard=0)
-    evals: list[dict[str, float]] = []
+    evals: list[Evaluation] = []
     stats = TrainStats()
     await train(trainer, Pacing(slowdown=1, step_time_ms=5), stats, eval_every=0.01, on_eval=evals.append, max_steps=10)
     assert stats.steps == 10 and trainer.samples == 320
-    assert len(evals) >= 2 and all("accuracy" in e for e in evals)
+    assert len(evals) >= 2 and all("accuracy" in e.metrics for e in evals)
+    assert evals[0].samples <= evals[-1].samples and evals[0].t <= evals[-1].t
     assert 0 < stats.busy_s
 
 
-class _SlowEvalTask(DigitsTask):
-    """Digits whose held-out pass takes `seconds` (a big evaluation set)."""
+class _BlockingEvalTask(DigitsTask):
+    """Digits whose held-out pass waits for `release` (a big evaluation set, as long as a test likes)."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.seconds = seconds
+        self.release = threading.Event()
 
     def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
-        time.sleep(self.seconds)
+        assert self.release.wait(timeout=30), "never released"
         return super().evaluate(model)
 
 
 async def test_evaluation_runs_alongside_training_and_scores_a_copy() -> None:
-    trainer = Trainer(_SlowEvalTask(seconds=0.3), shard=0)
+    task = _BlockingEvalTask()
+    trainer = Trainer(task, shard=0)
     stats = TrainStats()
-    evals: list[dict[str, float]] = []
-    await train(trainer, Pacing(slowdown=1, step_time_ms=10), stats, eval_every=10.0, on_eval=evals.append, max_steps=20)
-    # 20 steps of 10 ms finished while the first 0.3 s evaluation was still running.
-    assert stats.ended - stats.started < 0.3
-    assert stats.busy_s / (stats.ended - stats.started) > 0.9
+    evals: list[Evaluation] = []
+
+    async def release_once_training_is_done() -> None:
+        with anyio.fail_after(30):
+            while stats.ended is None:
+                await anyio.sleep(0.01)
+        assert evals == [] and stats.steps == 20  # every step ran while the first evaluation was still going
+        task.release.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(release_once_training_is_done)
+        await train(trainer, Pacing(slowdown=1, step_time_ms=1), stats, eval_every=10.0, on_eval=evals.append, max_steps=20)
     assert trainer._eval_model is not trainer.model
