@@ -6,18 +6,18 @@ one torch thread per peer):
 
   sync-equal         real torch.distributed (gloo) all-reduce, equal batches
   sync-proportional  the same, batches proportional to speed, sample-weighted
-  murmur-uniform     `murmur run` processes over libp2p, uniform merge weights
+  murmur-uniform     `murmur run` processes over libp2p (forked from a preloaded server), uniform merge weights
   murmur-work        the same with work weighting
   ideal              every peer alone at once (no exchanges): Σ standalone speeds
 
 Metrics: wall time until the median peer's held-out metric reaches the target (1 s
 evaluation grid, start-up excluded: Murmur peers join first and start together once all
-are ready, through `--start-file`), samples/s and % of ideal, per-peer idle fraction and bytes sent, metric
-at equal total samples, consensus distance over time. Writes JSON, PNG plots and a
+are ready, through `--start-file`), samples/s and % of ideal, per-peer idle fraction and
+bytes sent, metric at equal total samples, consensus distance over time. Writes JSON, PNG plots and a
 markdown table to `--out`.
 
     murmur bench --quick            # ~70 s: digits, headline mix, 1 seed
-    murmur bench                    # default (see DEFAULT below), measured 17.4 min on 2 cores
+    murmur bench                    # default (see DEFAULT below), measured 14.4 min on 2 cores
 """
 
 from __future__ import annotations
@@ -234,9 +234,8 @@ def run_bench(config: dict, out: Path) -> dict:
                 slowdowns = MIXES[mix]
                 max_s = config["max_s"][task]
                 group = []
-                # The ideal is calibrated once per task and mix (first seed), in this run.
-                methods = ["ideal", *METHODS] if seed == config["seeds"][0] else METHODS
-                for method in methods:
+                # The ideal is calibrated for every seed, next to the runs it is compared with.
+                for method in ["ideal", *METHODS]:
                     print(f"[bench] {task} seed {seed} {mix} {slowdowns}: {method}", flush=True)
                     run_dir = out / "runs" / f"{task}-{mix}-s{seed}-{method}"
                     began = time.monotonic()
@@ -246,24 +245,46 @@ def run_bench(config: dict, out: Path) -> dict:
                         r = run_murmur(task, slowdowns, None if method == "ideal" else method.split("-")[1], seed, 6.0 if method == "ideal" else max_s, run_dir)
                     r.update(mix=mix, seed=seed, run_wall_s=time.monotonic() - began)  # start-up and teardown included
                     group.append(r)
-                metric = TASKS[task]["metric"]
-                ideal = next(r["samples_per_s"] for r in results + group if (r["task"], r["mix"], r["method"]) == (task, mix, "ideal"))
-                # Equal samples: as many as every method of the group processed (each stops soon after its target).
-                budget = min((g["curve"][-1]["samples"] for g in group if g["method"] != "ideal" and g["curve"]), default=None)
-                for g in group:
-                    g["pct_of_ideal"] = g["samples_per_s"] / ideal if ideal else None
-                    g["metric_at_equal_samples"] = _at_samples(g, metric, budget) if budget and g["method"] != "ideal" else None
+                for g in score(group):
                     print(f"  {g['method']:18s} ttt={g.get('time_to_target') if g['method'] != 'ideal' else '-'} samples/s={g['samples_per_s']:.0f} ({(g['pct_of_ideal'] or 0):.0%} of ideal) "
-                          f"max idle={max(p['idle_fraction'] for p in g['peers']):.1%} {metric}@{budget} samples={g['metric_at_equal_samples']}", flush=True)
+                          f"max idle={max(p['idle_fraction'] for p in g['peers']):.1%} {TASKS[task]['metric']} at equal samples={g['metric_at_equal_samples']}", flush=True)
                 results += group
                 (out / "results.json").write_text(json.dumps({"config": config, "results": results}, indent=1))
-    wall_s = time.monotonic() - bench_began
-    (out / "results.json").write_text(json.dumps({"config": config, "results": results, "wall_s": wall_s}, indent=1))
-    summary = summarize(results) + f"\nBenchmark wall time: {wall_s / 60:.1f} min ({len(results)} runs).\n"
+    return report({"config": config, "results": results, "wall_s": time.monotonic() - bench_began}, out)
+
+
+def score(group: list[dict]) -> list[dict]:
+    """Add % of ideal and the metric at equal samples to one task, seed and mix's runs (ideal first)."""
+    metric = TASKS[group[0]["task"]]["metric"]
+    ideal = next(g["samples_per_s"] for g in group if g["method"] == "ideal")
+    # Equal samples: as many as sync-equal needed to reach its target (a method that stopped before has none).
+    budget = next((g["curve"][-1]["samples"] for g in group if g["method"] == "sync-equal" and g["curve"]), None)
+    for g in group:
+        g["pct_of_ideal"] = g["samples_per_s"] / ideal if ideal else None
+        g["metric_at_equal_samples"] = _at_samples(g, metric, budget) if budget and g["method"] != "ideal" else None
+    return group
+
+
+def report(run: dict, out: Path) -> dict:
+    """Write `run`'s results.json, summary.md and plots under `out`, print the summary, return `run`."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(run, indent=1))
+    summary = summarize(run["results"]) + f"\nBenchmark wall time: {run['wall_s'] / 60:.1f} min ({len(run['results'])} runs).\n"
     (out / "summary.md").write_text(summary)
-    plot(results, out)
+    plot(run["results"], out)
     print(summary)
-    return {"config": config, "results": results, "wall_s": wall_s}
+    return run
+
+
+def rescore(results_file: Path, out: Path) -> dict:
+    """Score an earlier run's results again (after a change to the scoring) and report them under `out`."""
+    run = json.loads(results_file.read_text())
+    groups: dict[tuple, list[dict]] = {}
+    for r in run["results"]:
+        groups.setdefault((r["task"], r["seed"], r["mix"]), []).append(r)
+    for group in groups.values():
+        score(group)
+    return report(run, out)
 
 
 def _med(values: list[float], digits: int = 2) -> str:
@@ -336,7 +357,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mixes", default=None, help=f"comma-separated mixes from {list(MIXES)}")
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds")
     parser.add_argument("--out", type=Path, default=Path("results/bench"))
+    parser.add_argument("--rescore", type=Path, default=None, metavar="RESULTS_JSON",
+                        help="run nothing: score an earlier run's results.json again and write the table and plots to --out")
     args = parser.parse_args(argv)
+    if args.rescore:
+        rescore(args.rescore, args.out)
+        return 0
     config = json.loads(json.dumps(QUICK if args.quick else DEFAULT))
     if args.tasks:
         config["tasks"] = args.tasks.split(",")
