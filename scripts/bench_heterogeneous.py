@@ -26,6 +26,7 @@ import argparse
 import json
 import multiprocessing
 import multiprocessing.forkserver
+import shutil
 import socket
 import statistics
 import sys
@@ -85,11 +86,11 @@ def run_murmur(
     others) the start file tells them all one start time, t=0 of the run.
     """
     spec = TASKS[task]
-    root.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(root, ignore_errors=True)  # a peer would resume from an earlier run's checkpoint
+    root.mkdir(parents=True)
     ports = [_free_port() for _ in slowdowns]
     dirs = [root / f"peer-{i}" for i in range(len(slowdowns))]
     start_file = root / "start-at"
-    start_file.unlink(missing_ok=True)
     first = f"/ip4/127.0.0.1/tcp/{ports[0]}/p2p/{_peer_id(dirs[0])}"
     procs = []
     for i, (slowdown, data_dir) in enumerate(zip(slowdowns, dirs)):
@@ -102,8 +103,7 @@ def run_murmur(
             args += ["--average-every", "1e9"]  # alone: no bootstrap, no exchanges
         else:
             args += ["--weighting", weighting, "--average-every", str(average_every)] + (["--bootstrap", first] if i else [])
-        (data_dir / "status.json").unlink(missing_ok=True)
-        data_dir.mkdir(parents=True, exist_ok=True)
+        data_dir.mkdir(exist_ok=True)  # peer 0 has its key already
         procs.append(ForkedPeer(args, data_dir / "log.txt"))
     try:
         joined = time.monotonic()
