@@ -12,8 +12,8 @@ import gc
 import torch._dynamo  # noqa: F401
 
 import node.cli  # noqa: F401
-import node.node  # noqa: F401
-import node.tasks.charlm  # noqa: F401
+import node.node
+import node.tasks.charlm
 
 gc.collect()
 gc.freeze()

@@ -16,13 +16,14 @@ are ready, through `--start-file`), samples/s and % of ideal, per-peer idle frac
 bytes sent, metric at equal total samples, consensus distance over time. Writes JSON, PNG plots and a
 markdown table to `--out`.
 
-    murmur bench --quick            # ~70 s: digits, headline mix, 1 seed
+    murmur bench --quick            # ~50 s: digits, headline mix, 1 seed
     murmur bench                    # default (see DEFAULT below), measured 14.4 min on 2 cores
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing
 import multiprocessing.forkserver
@@ -212,7 +213,7 @@ def run_sync_method(task: str, slowdowns: list[float], mode: str, seed: int, max
 def _at_samples(result: dict, metric: str, samples: float) -> float | None:
     """The metric when the run had processed `samples` in all (linear between evaluations), or None beyond its end."""
     curve = result["curve"]
-    for before, after in zip(curve, curve[1:]):
+    for before, after in itertools.pairwise(curve):
         if before["samples"] <= samples <= after["samples"]:
             span = after["samples"] - before["samples"]
             share = (samples - before["samples"]) / span if span else 1.0

@@ -36,3 +36,24 @@ def test_metric_at_equal_samples_interpolates_between_evaluations() -> None:
     assert _at_samples(run, "loss", 2000) == pytest.approx(2.5)
     assert _at_samples(run, "loss", 3000) == pytest.approx(2.0)
     assert _at_samples(run, "loss", 3001) is None  # beyond the run: never extrapolated
+
+
+def test_rescore_scores_stored_runs_again_and_redraws_the_table(tmp_path: Path) -> None:
+    from scripts.bench_heterogeneous import rescore
+
+    def run(method: str, samples_per_s: float, curve: list[tuple[int, float]]) -> dict:
+        return {"task": "digits", "mix": "headline", "seed": 0, "method": method, "samples_per_s": samples_per_s,
+                "time_to_target": 2.0, "peers": [{"idle_fraction": 0.1}],
+                "curve": [{"t": float(i), "samples": s, "accuracy": a} for i, (s, a) in enumerate(curve)]}
+
+    stored = {"config": {}, "wall_s": 60.0, "results": [
+        run("ideal", 400.0, [(0, 0.1), (400, 0.5)]),
+        run("sync-equal", 100.0, [(0, 0.1), (100, 0.9), (200, 0.96)]),
+        run("murmur-work", 300.0, [(0, 0.1), (300, 0.98)]),
+    ]}
+    (tmp_path / "old.json").write_text(json.dumps(stored))
+    rescore(tmp_path / "old.json", tmp_path / "new")
+    results = {r["method"]: r for r in json.loads((tmp_path / "new" / "results.json").read_text())["results"]}
+    assert results["murmur-work"]["pct_of_ideal"] == pytest.approx(0.75)
+    assert results["murmur-work"]["metric_at_equal_samples"] == pytest.approx(0.1 + 0.88 * 200 / 300)
+    assert "| digits | headline | murmur-work |" in (tmp_path / "new" / "summary.md").read_text()
