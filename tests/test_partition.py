@@ -63,7 +63,11 @@ async def test_partition_heals_and_consensus_distance_falls(tmp_path: Path) -> N
         for transport in transports:
             transport.blocked = set()
         await wait_until(lambda: all(len(n.table.members) == 3 for n in nodes), 60)  # dormant peers redialed
-        await anyio.sleep(2)
-        healed = await mean_distance(nodes[0], nodes[2])
+        # Merges across the healed cut pull the halves together; how fast depends on the
+        # machine's load (four nodes share one process), so wait for it, boundedly.
+        healed = float("inf")
+        with anyio.move_on_after(20):
+            while (healed := await mean_distance(nodes[0], nodes[2])) >= apart / 2:
+                pass
         assert healed < apart / 2, (apart, within, healed)
         tg.cancel_scope.cancel()
