@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     task = load_task(args.task)
     metric = task.metric.name
     steps = args.samples // (args.replicas * task.batch_size)
+    samples = steps * args.replicas * task.batch_size  # whole steps of every replica
     rows = []
     for spec in args.optimizer.split(","):
         optimizer = make_optimizer(task, spec)
@@ -108,10 +109,10 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"task": args.task, "samples": steps * args.replicas * task.batch_size,
+    args.out.write_text(json.dumps({"task": args.task, "samples": samples,
                                     "replicas": args.replicas, "metric": metric, "rows": rows}, indent=1))
     columns = [k for k in rows[0] if k not in ("optimizer", "seed", "wall_s")]
-    print(f"\n{args.task}, {args.replicas} replicas x batch {task.batch_size}, {steps * args.replicas * task.batch_size} samples, held-out {metric}:")
+    print(f"\n{args.task}, {args.replicas} replicas x batch {task.batch_size}, {samples} samples, held-out {metric}:")
     print("| optimizer | seed | " + " | ".join(columns) + " |")
     for row in rows:
         cells = [f"{row[c]:.3f} ({row[c] / row['sync'] - 1:+.1%})" if c != "sync" else f"{row[c]:.3f}" for c in columns]

@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from node.status import StatusUnavailable, load_status  # noqa: E402
 from node.swarm import FORK_PRELOAD, ForkedPeer, stop_processes  # noqa: E402
 
 MIXES = {
@@ -142,9 +143,10 @@ def _wait_until_ready(procs: list[ForkedPeer], dirs: list[Path], others: int, ti
 
 
 def _status(data_dir: Path) -> dict:
+    """The peer's last status, or {} while it has written none."""
     try:
-        return json.loads((data_dir / "status.json").read_text())
-    except (OSError, json.JSONDecodeError):
+        return load_status(data_dir)
+    except StatusUnavailable:
         return {}
 
 
@@ -187,7 +189,7 @@ def _consensus(dirs: list[Path]) -> list[dict]:
 def _murmur_result(task: str, slowdowns: list[float], weighting: str | None, dirs: list[Path], start_at: float, codes: list) -> dict:
     spec = TASKS[task]
     curve = _median_curve(dirs, spec["metric"], start_at)
-    statuses = [json.loads((d / "status.json").read_text()) if (d / "status.json").exists() else {} for d in dirs]
+    statuses = [_status(d) for d in dirs]
     ttt = next((c["t"] for c in curve if _reached(c["value"], spec["target"], spec["higher"])), None)
     return {
         "method": f"murmur-{weighting}" if weighting else "ideal",
