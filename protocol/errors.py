@@ -44,3 +44,7 @@ class NonFiniteTensor(RemoteProtocolError):
 
 class PeerAborted(RemoteProtocolError):
     """The peer sent `Abort`; its reason is the message."""
+
+
+# Errors only a faulty or hostile peer causes; each is a strike (timeouts, resets and aborts are not).
+OFFENCES = (FrameTooLarge, MalformedMessage, ProtocolViolation, TensorMismatch, NonFiniteTensor)

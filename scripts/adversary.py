@@ -10,29 +10,24 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-import node.wire  # noqa: E402
-import protocol.exchange  # noqa: E402
-from node.cli import main as murmur_main  # noqa: E402
-from protocol.codec import TensorSpec, WireState, quantize  # noqa: E402
-from protocol.messages import Accept, Message, Offer, StateReply  # noqa: E402
+import node.net.conversation
+import protocol.exchange
+from node.ops.cli import main as murmur_main
+from protocol.codec import TensorSpec, WireState, quantize
+from protocol.messages import Accept, Message, Offer, StateReply
 
 ATTACKS = ("scale", "noise", "nan", "work")
 
 
 def poison(attack: str) -> None:
     """Patch this process's node so that what it sends is poisoned by `attack`."""
-    honest_send_params = node.wire.Conversation.send_params
+    honest_send_params = node.net.conversation.Conversation.send_params
     honest_frame = protocol.exchange.encode_frame
 
-    async def send_params(self: node.wire.Conversation, wire: WireState, spec: TensorSpec) -> int:
+    async def send_params(self: node.net.conversation.Conversation, wire: WireState, spec: TensorSpec) -> int:
         state = dict(wire.items())
         if attack == "scale":
             state = {n: t * 1000 for n, t in state.items()}
@@ -47,7 +42,7 @@ def poison(attack: str) -> None:
             message = dataclasses.replace(message, work=message.work * 1000)  # lie on the wire only
         return honest_frame(message)
 
-    node.wire.Conversation.send_params = send_params
+    node.net.conversation.Conversation.send_params = send_params
     protocol.exchange.encode_frame = frame
 
 

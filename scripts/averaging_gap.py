@@ -28,11 +28,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from node.tasks import Task, load_task  # noqa: E402
+from node.learn.tasks import Task, load_task
 
 Optimizer = Callable[[torch.nn.Module], torch.optim.Optimizer]
 

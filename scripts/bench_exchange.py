@@ -33,15 +33,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import anyio
+import torch
+from torch import nn
 
-import anyio  # noqa: E402
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
-from protocol.codec import WIRE_DTYPES, TensorSpec, quantize  # noqa: E402
+from protocol.codec import WIRE_DTYPES, TensorSpec, quantize
 
 RAW_PROTOCOL = "/murmur-bench/raw/1.0.0"
 RUN_ID = "bench-exchange"
@@ -55,7 +51,7 @@ class WideMLPTask:
     batch_size = 32
 
     def __init__(self, params: int) -> None:
-        from node.tasks.task import Metric
+        from node.learn.tasks.task import Metric
 
         self.metric = Metric("loss", higher_is_better=False)
         self.width = int(math.sqrt(params / 3))
@@ -113,18 +109,18 @@ class MemorySampler:
 async def _peer(role: str, params: int, plan: dict, addr_q: Any, result_q: Any, training: Any, done: Any) -> None:
     from libp2p.crypto.ed25519 import create_new_key_pair
 
-    from node.averager import AVERAGE_PROTOCOL, Averager, TaskIdentity
-    from node.merge import make_policy
-    from node.peers import PeerTable
-    from node.trainer import Trainer
-    from node.transport import ByteStream, Libp2pTransport
+    from node.averaging.factory import build_averager
+    from node.learn.trainer import Trainer
+    from node.net.libp2p_transport import Libp2pTransport
+    from node.net.peers import PeerTable
+    from node.net.transport import ByteStream
 
     transport = Libp2pTransport(create_new_key_pair())
     trainer = Trainer(WideMLPTask(params), shard=0 if role == "initiator" else 1)
     trainer.step()  # both models carry work, so merges are real merges, not adoptions
-    averager = Averager(
-        transport, trainer, PeerTable(transport.peer_id, liveness_timeout=1e9), make_policy("work"),
-        TaskIdentity(RUN_ID, trainer.fingerprint), exchange_timeout=120.0, rng=random.Random(0),
+    averager = build_averager(
+        transport, trainer, run_id=RUN_ID, table=PeerTable(transport.peer_id, liveness_timeout=1e9),
+        exchange_timeout=120.0, rng=random.Random(0),
     )  # fmt: skip
     steps: list[float] = []
     memory = MemorySampler()
@@ -144,7 +140,6 @@ async def _peer(role: str, params: int, plan: dict, addr_q: Any, result_q: Any, 
             else:
                 await anyio.sleep(0.02)
 
-    transport.set_handler(AVERAGE_PROTOCOL, averager.serve_exchange)
     transport.set_handler(RAW_PROTOCOL, raw_sink)
     results: dict[str, Any] = {"role": role, "numel": trainer.spec.numel}
     async with transport.run(["/ip4/127.0.0.1/tcp/0"]), anyio.create_task_group() as tg:
@@ -199,7 +194,7 @@ async def _raw_throughput(transport: Any, peer_id: str, addrs: list[str], megaby
 
 
 def _peer_process(role: str, params: int, plan: dict, addr_q: Any, result_q: Any, training: Any, done: Any) -> None:
-    from node.cli import release_big_buffers_promptly
+    from node.ops.cli import release_big_buffers_promptly
 
     release_big_buffers_promptly()  # as `murmur run` does
     torch.set_num_threads(1)
@@ -244,22 +239,22 @@ def _window_stats(exchange: dict, side: dict) -> dict:
 
 def merge_errors(dtypes: list[str], steps: int = 100) -> dict[str, dict[str, float]]:
     """Relative error a lossy wire dtype adds to one merge of two digits models trained apart."""
-    from node.merge import merge_delta
-    from node.tasks import load_task
-    from node.trainer import Trainer
+    from node.learn.rules import MergeDelta
+    from node.learn.tasks import load_task
+    from node.learn.trainer import Trainer
 
     a, b = Trainer(load_task("digits"), shard=1), Trainer(load_task("digits"), shard=2)
     for _ in range(steps):
         a.step()
         b.step()
     sa, sb = a.snapshot().state, b.snapshot().state
-    exact = merge_delta(sa, sb, 0.5)
+    exact = MergeDelta(sa, sb, 0.5)
     spec = TensorSpec.of(dict(sa.items()))
     norm_delta = math.sqrt(sum(float((exact[n] ** 2).sum()) for n in exact))
     norm_model = math.sqrt(sum(float((sa[n] ** 2).sum()) for n in sa))
     out = {}
     for dtype in dtypes:
-        delta = merge_delta(quantize(sa, spec, dtype), quantize(sb, spec, dtype), 0.5)
+        delta = MergeDelta(quantize(sa, spec, dtype), quantize(sb, spec, dtype), 0.5)
         err = math.sqrt(sum(float(((delta[n] - exact[n]) ** 2).sum()) for n in exact))
         out[dtype] = {"vs_merge_delta": err / norm_delta, "vs_model": err / norm_model}
     return out

@@ -30,12 +30,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from node.checkpoint import load_latest  # noqa: E402
-from node.swarm import murmur_command, peer_environment  # noqa: E402
+from node.lab.swarm import murmur_command, peer_environment
+from node.learn.checkpoint import load_latest
 
 EXCHANGE_TIMEOUT = 5.0
 LIVENESS_TIMEOUT = 8.0

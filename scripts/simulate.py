@@ -27,10 +27,8 @@ from pathlib import Path
 from typing import Any, Self
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-from node.simulation import TOPOLOGIES, NetworkModel, SimConfig, simulate
+from node.lab.simulation import TOPOLOGIES, NetworkModel, SimConfig, simulate
 
 DEFAULT_TOPOLOGIES = ["gossip", "partial", "ring", "allreduce", "alone"]
 COLORS = {

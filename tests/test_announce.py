@@ -15,12 +15,11 @@ from libp2p.identity.identify.identify import parse_identify_response
 from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.peer.id import ID
 
-from node.averager import TaskIdentity
-from node.identity import load_or_create_identity
-from node.membership import PEERS_PROTOCOL, Membership
-from node.node import NodeConfig, build_node
-from node.peers import PeerTable
-from node.transport import Libp2pTransport
+from node.net.identity import load_or_create_identity
+from node.net.libp2p_transport import Libp2pTransport
+from node.net.membership import PEERS_PROTOCOL, Membership, TaskIdentity
+from node.net.peers import PeerTable
+from node.ops.node import NodeConfig, build_node
 
 pytestmark = pytest.mark.anyio
 

@@ -11,13 +11,14 @@ import pytest
 import torch
 from libp2p.crypto.ed25519 import create_new_key_pair
 
-from node.averager import AVERAGE_PROTOCOL, STATE_PROTOCOL, Averager, TaskIdentity
-from node.membership import PEERS_PROTOCOL, Membership
-from node.merge import make_policy
-from node.peers import PeerTable
-from node.tasks import DigitsTask
-from node.trainer import Trainer
-from node.transport import ByteStream, Libp2pTransport
+from node.averaging.averager import AVERAGE_PROTOCOL, Averager
+from node.averaging.factory import build_averager
+from node.learn.tasks import DigitsTask
+from node.learn.trainer import Trainer
+from node.net.libp2p_transport import Libp2pTransport
+from node.net.membership import PEERS_PROTOCOL, Membership
+from node.net.peers import PeerTable
+from node.net.transport import ByteStream
 from protocol.exchange import AVERAGE, Exchange, Role
 from protocol.messages import Accept, Chunk, Offer, Params, encode_frame
 
@@ -51,13 +52,12 @@ async def peers(n: int, run_ids: list[str] | None = None, timeout: float = 5.0) 
         for i in range(n):
             transport = Libp2pTransport(create_new_key_pair())
             trainer = Trainer(DigitsTask(), shard=i)
-            identity = TaskIdentity((run_ids or ["digits"] * n)[i], trainer.fingerprint)
             table = PeerTable(transport.peer_id, liveness_timeout=1e9)
             rng = random.Random(i)
-            averager = Averager(transport, trainer, table, make_policy("work"), identity, exchange_timeout=timeout, rng=rng)
-            membership = Membership(transport, table, identity, rng=rng, clock=lambda: 0.0)
-            transport.set_handler(AVERAGE_PROTOCOL, averager.serve_exchange)
-            transport.set_handler(STATE_PROTOCOL, averager.serve_state)
+            averager = build_averager(
+                transport, trainer, run_id=(run_ids or ["digits"] * n)[i], table=table, rng=rng, exchange_timeout=timeout
+            )
+            membership = Membership(transport, table, averager.identity, rng=rng, clock=lambda: 0.0)
             transport.set_handler(PEERS_PROTOCOL, membership.serve)
             await stack.enter_async_context(transport.run(["/ip4/127.0.0.1/tcp/0"]))
             out.append(Peer(transport, trainer, table, averager, membership))

@@ -10,8 +10,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from protocol.codec import WIRE_DTYPES, TensorSpec, WireDecoder, decode_state, encode_state, pieces, quantize, wire_chunks
+from protocol.codec import (
+    WIRE_DTYPES,
+    TensorSpec,
+    WireDecoder,
+    decode_state,
+    encode_state,
+    pieces,
+    quantize,
+    wire_chunks,
+)
 from protocol.errors import MalformedMessage, NonFiniteTensor, RemoteProtocolError, TensorMismatch
+
 
 def _model() -> nn.Module:
     torch.manual_seed(0)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from node.cli import build_run_parser, main
-from node.config import ConfigError, env_name, resolve_options
+from node.ops.cli import build_run_parser, main
+from node.ops.config import ConfigError, env_name, resolve_options
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

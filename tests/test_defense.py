@@ -1,6 +1,6 @@
 import torch
 
-from node.defense import ClippedGossip, WorkClaimLimiter
+from node.learn.screening import ClippedGossip, WorkClaimLimiter
 
 
 def model(scale: float = 1.0, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -11,14 +11,13 @@ import pytest
 import torch
 from torch import nn
 
-import node.device
-from node.checkpoint import read_checkpoint, save_checkpoint
-from node.device import DeviceError, check_mixed_precision, cpu_copy, resolve_device, to_device
-from node.merge import merge_delta
-from node.node import STATUS_FILE, Node, NodeConfig
-from node.tasks import Batch, DigitsTask
-from node.trainer import Trainer
-from node.transport import MemoryNetwork
+import node.learn.device
+from node.learn.checkpoint import read_checkpoint, save_checkpoint
+from node.learn.device import DeviceError, check_mixed_precision, cpu_copy, resolve_device, to_device
+from node.learn.tasks import Batch, DigitsTask
+from node.learn.trainer import Trainer
+from node.net.transport import MemoryNetwork
+from node.ops.node import STATUS_FILE, Node, NodeConfig
 from protocol.codec import decode_state, encode_state
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -47,7 +46,7 @@ def _pretend(monkeypatch: pytest.MonkeyPatch, cuda_devices: int, mps: bool) -> N
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_devices > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: cuda_devices)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(node.device, "_mps_available", lambda: mps)
+    monkeypatch.setattr(node.learn.device, "_mps_available", lambda: mps)
 
 
 def test_auto_prefers_cuda_then_mps_then_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,7 +95,7 @@ def test_mixed_precision_is_refused_off_cuda() -> None:
 def test_cli_refuses_an_unusable_device_in_one_line(tmp_path: Path, args: list[str], message: str) -> None:
     data_dir = tmp_path / "data"
     done = subprocess.run(
-        [sys.executable, "-m", "node.cli", "run", "--data-dir", str(data_dir), *args],
+        [sys.executable, "-m", "node.ops.cli", "run", "--data-dir", str(data_dir), *args],
         capture_output=True, text=True, timeout=60, check=False,
     )
     assert done.returncode == 2
@@ -146,8 +145,8 @@ def _exchange(a: Trainer, b: Trainer) -> None:
     snap_a, snap_b = a.snapshot(), b.snapshot()
     remote_for_b = decode_state(encode_state(snap_a.state, a.spec), b.spec)
     remote_for_a = decode_state(encode_state(snap_b.state, b.spec), a.spec)
-    a.apply_merge(merge_delta(snap_a.state, remote_for_a, 0.5), snap_a.weight, 1.0)
-    b.apply_merge(merge_delta(snap_b.state, remote_for_b, 0.5), snap_b.weight, 1.0)
+    a.merge(snap_a, remote_for_a, 0.5, 1.0)
+    b.merge(snap_b, remote_for_b, 0.5, 1.0)
 
 
 @pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float64, 1e-6), (torch.bfloat16, 2e-2)])

@@ -11,7 +11,7 @@ from libp2p.security.insecure.transport import PLAINTEXT_PROTOCOL_ID, InsecureTr
 from libp2p.security.secio.transport import ID as SECIO_ID
 from libp2p.security.secio.transport import Transport as SecioTransport
 
-from node.transport import Libp2pTransport
+from node.net.libp2p_transport import Libp2pTransport
 
 pytestmark = pytest.mark.anyio
 
@@ -29,7 +29,7 @@ async def test_dialer_without_noise_is_refused(scheme: str) -> None:
         with anyio.fail_after(20), pytest.raises(Exception):  # noqa: B017  (py-libp2p raises several types here)
             await dialer.connect(PeerInfo(ID.from_base58(node.peer_id), [addr]))
         assert ID.from_base58(node.peer_id) not in dialer.get_connected_peers()
-        assert not node.host.get_connected_peers()
+        assert not node.net.host.get_connected_peers()
 
 
 async def test_noise_dialer_connects() -> None:
@@ -42,7 +42,8 @@ async def test_noise_dialer_connects() -> None:
 
 async def test_standard_identify_and_ping_answer() -> None:
     from libp2p.host.ping import PingService
-    from libp2p.identity.identify.identify import ID as IDENTIFY, parse_identify_response
+    from libp2p.identity.identify.identify import ID as IDENTIFY
+    from libp2p.identity.identify.identify import parse_identify_response
 
     node, client = Libp2pTransport(create_new_key_pair()), Libp2pTransport(create_new_key_pair())
     async with node.run(["/ip4/127.0.0.1/tcp/0"]), client.run(["/ip4/127.0.0.1/tcp/0"]):

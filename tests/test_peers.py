@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from node.peers import MAX_CANDIDATES, PeerTable
+from node.net.peers import MAX_CANDIDATES, PeerTable
 from protocol.messages import MAX_ADDRS, MAX_PEERS_PER_HELLO, PeerRecord
 
 SELF = "self"

@@ -19,15 +19,16 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 from libp2p.security.noise.io import NoiseTransportReadWriter
 
-from node.averager import AVERAGE_PROTOCOL, STATE_PROTOCOL, Averager, TaskIdentity
-from node.membership import PEERS_PROTOCOL, Membership
-from node.merge import make_policy
-from node.peers import PeerTable
-from node.relay import circuit_address
-from node.swarm import stop_processes
-from node.tasks import DigitsTask
-from node.trainer import Trainer
-from node.transport import Libp2pTransport, TransportError
+from node.averaging.averager import Averager
+from node.averaging.factory import build_averager
+from node.lab.swarm import stop_processes
+from node.learn.tasks import DigitsTask
+from node.learn.trainer import Trainer
+from node.net.libp2p_transport import Libp2pTransport
+from node.net.membership import PEERS_PROTOCOL, Membership
+from node.net.peers import PeerTable
+from node.net.relay import circuit_address
+from node.net.transport import TransportError
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,13 +52,10 @@ class Peer:
 
 def make_peer(transport: Libp2pTransport, shard: int) -> Peer:
     trainer = Trainer(DigitsTask(), shard=shard)
-    identity = TaskIdentity("digits", trainer.fingerprint)
     table = PeerTable(transport.peer_id, liveness_timeout=1e9)
     rng = random.Random(shard)
-    averager = Averager(transport, trainer, table, make_policy("work"), identity, exchange_timeout=10.0, rng=rng)
-    membership = Membership(transport, table, identity, rng=rng, clock=lambda: 0.0)
-    transport.set_handler(AVERAGE_PROTOCOL, averager.serve_exchange)
-    transport.set_handler(STATE_PROTOCOL, averager.serve_state)
+    averager = build_averager(transport, trainer, table=table, rng=rng)
+    membership = Membership(transport, table, averager.identity, rng=rng, clock=lambda: 0.0)
     transport.set_handler(PEERS_PROTOCOL, membership.serve)
     return Peer(transport, trainer, table, averager, membership)
 
@@ -139,7 +137,7 @@ async def test_a_refused_reservation_is_logged_and_nothing_advertised(caplog: py
 
 def _start(data_dir: Path, *args: str) -> subprocess.Popen:
     data_dir.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "node.cli", "run", "--data-dir", str(data_dir),
+    cmd = [sys.executable, "-m", "node.ops.cli", "run", "--data-dir", str(data_dir),
            "--addr-file", str(data_dir / "addrs.txt"),
            "--step-time", "20", "--average-every", "0.2", *args]
     log = (data_dir / "log.txt").open("w")

@@ -8,8 +8,9 @@ import anyio
 import pytest
 from libp2p.crypto.ed25519 import create_new_key_pair
 
-from node.security import BanList, GuardedTransport, load_allow_list, load_secret
-from node.transport import ByteStream, Libp2pTransport, MemoryNetwork, Transport, TransportError
+from node.net.libp2p_transport import Libp2pTransport
+from node.net.security import BanList, GuardedTransport, load_allow_list, load_secret
+from node.net.transport import ByteStream, MemoryNetwork, Transport, TransportError
 
 pytestmark = pytest.mark.anyio
 ECHO = "/test/echo/1.0.0"
@@ -128,6 +129,6 @@ async def test_libp2p_connections_from_strangers_are_closed_as_they_open(caplog:
                 await stranger.open_stream(node.peer_id, node.addresses(), ECHO)
             except TransportError:
                 pass
-            while ID.from_base58(stranger.peer_id) in node.host.get_connected_peers():
+            while ID.from_base58(stranger.peer_id) in node.net.host.get_connected_peers():
                 await anyio.sleep(0.01)
     assert f"closing connections from {stranger.peer_id[-8:]}: not on the allow-list" in caplog.text

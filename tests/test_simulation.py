@@ -11,8 +11,8 @@ import anyio
 import pytest
 import trio.testing
 
-from node.simulation import TOPOLOGIES, LinkTransport, NetworkModel, SimConfig, simulate, simulated_io
-from node.transport import MemoryNetwork
+from node.lab.simulation import TOPOLOGIES, LinkTransport, NetworkModel, SimConfig, simulate, simulated_io
+from node.net.transport import MemoryNetwork
 
 QUIET = NetworkModel(churn=0.0)
 
@@ -156,13 +156,13 @@ def test_simulated_io_restores_threads_and_the_averagers_clock() -> None:
 
     import anyio.to_thread
 
-    import node.averager
+    import node.averaging.averager
 
     before = anyio.to_thread.run_sync
     with simulated_io():
         assert anyio.to_thread.run_sync is not before
-        assert node.averager.time is not time
-    assert anyio.to_thread.run_sync is before and node.averager.time is time
+        assert node.averaging.averager.time is not time
+    assert anyio.to_thread.run_sync is before and node.averaging.averager.time is time
 
 
 def test_unknown_topologies_are_refused_naming_the_choices() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from node.swarm import start_swarm, stop_swarm
+from node.lab.swarm import start_swarm, stop_swarm
 
 pytestmark = pytest.mark.slow
 
@@ -72,7 +72,7 @@ def test_graceful_leave_checkpoints_and_neighbours_drop_the_peer_at_once(tmp_pat
 def test_forked_peer_runs_murmur_in_its_own_session_and_stops_by_pid(tmp_path: Path) -> None:
     import os
 
-    from node.swarm import ForkedPeer, stop_processes
+    from node.lab.swarm import ForkedPeer, stop_processes
 
     start_file = tmp_path / "start"
     peer = ForkedPeer(["run", "--task", "digits", "--data-dir", str(tmp_path / "p"), "--listen", "/ip4/127.0.0.1/tcp/0",

@@ -4,32 +4,11 @@ import anyio
 import pytest
 import torch
 
-from node.merge import merge_delta
-from node.tasks import DigitsTask
-from node.trainer import TIMER_SLACK_S, Evaluation, Pacing, Trainer, TrainStats, train
+from node.learn.step import Pacing
+from node.learn.tasks import DigitsTask
+from node.learn.trainer import Evaluation, Trainer, TrainStats, train
 
 pytestmark = pytest.mark.anyio
-
-
-def test_step_time_pads_each_step_to_its_emulated_duration() -> None:
-    pacing = Pacing(slowdown=4, step_time_ms=20)
-    assert pacing.step_duration(compute_s=0.003, elapsed_s=0.004, batch_size=32) == pytest.approx(0.080)
-    assert pacing.step_duration(compute_s=0.003, elapsed_s=0.004, batch_size=64) == pytest.approx(0.160)
-    # A step slower than its target is never shortened.
-    assert pacing.step_duration(compute_s=0.2, elapsed_s=0.2, batch_size=32) == pytest.approx(0.2)
-
-
-def test_host_lateness_within_the_timer_slack_is_not_idle_time() -> None:
-    # The device finished its step at t=1.0; the host wakes 1 ms late: the next step starts at 1.0.
-    assert Pacing.step_start(now=1.001, device_free=1.0) == 1.0
-    assert Pacing.step_start(now=1.0 + 0.9 * TIMER_SLACK_S, device_free=1.0) == 1.0
-    # A longer gap (an evaluation, a merge holding the lock) is real idle time.
-    assert Pacing.step_start(now=1.05, device_free=1.0) == 1.05
-
-
-def test_slowdown_sleeps_s_minus_one_times_compute() -> None:
-    assert Pacing(slowdown=3).step_duration(compute_s=0.01, elapsed_s=0.011, batch_size=32) == pytest.approx(0.031)
-    assert Pacing().step_duration(compute_s=0.01, elapsed_s=0.011, batch_size=32) == pytest.approx(0.011)
 
 
 def test_step_counts_work_and_merge_keeps_in_flight_progress() -> None:
@@ -40,7 +19,7 @@ def test_step_counts_work_and_merge_keeps_in_flight_progress() -> None:
     trainer.step()  # progress made while an exchange is in flight
     progressed = trainer.snapshot().state
     remote = {n: torch.zeros_like(t) for n, t in snapshot.state.items()}
-    trainer.apply_merge(merge_delta(snapshot.state, remote, 0.5), snapshot.weight, weight_after=40.0)
+    trainer.merge(snapshot, remote, 0.5, weight_after=40.0)
     after = trainer.snapshot()
     for name, tensor in after.state.items():
         expected = progressed[name] + 0.5 * (remote[name] - snapshot.state[name])

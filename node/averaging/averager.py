@@ -1,0 +1,379 @@
+"""Pairwise averaging and state sync over the `/murmur/average` and `/murmur/state` protocols.
+
+An exchange is initiator → Offer (with the wire dtype), responder → Accept | Busy |
+Refuse, then both stream their models at once (Params + Chunks each way), then each
+checks the other's and commits, responder first; both then add the same merge delta
+to their live models. A peer already in an exchange answers Busy at once, so two
+peers that pick each other both move on. Any error, timeout or vanished partner
+before the merge leaves the local model untouched; every failure returns its reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import anyio
+
+from node.averaging import params
+from node.learn.rules import MixDecision
+from node.learn.runtime import Runtime
+from node.learn.screening import ClippedGossip, WorkClaimLimiter
+from node.learn.trainer import Snapshot, Trainer
+from node.net.conversation import Conversation
+from node.net.membership import TaskIdentity
+from node.net.peers import PeerTable
+from node.net.security import BanList
+from node.net.transport import ByteStream, Transport, TransportError
+from protocol.codec import WIRE_DTYPES, WireState, check_wire_dtype
+from protocol.errors import OFFENCES, ProtocolError
+from protocol.exchange import AVERAGE, STATE_SYNC, Exchange, Role
+from protocol.messages import Abort, Accept, Busy, Commit, Offer, Refuse, StateReply, StateRequest
+
+AVERAGE_PROTOCOL = "/murmur/average/2.0.0"
+STATE_PROTOCOL = "/murmur/state/2.0.0"
+log = logging.getLogger("murmur.averager")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one exchange ended: merged, busy, refused, failed (with the reason)."""
+
+    result: str
+    partner: str
+    reason: str
+    duration_s: float = 0.0
+    remote_share: float = 0.0
+    bytes_sent: int = 0
+
+
+@dataclass
+class _Attempt:
+    """One exchange in flight: the partner, when it started, its stream and the bytes sent so far."""
+
+    peer_id: str
+    start: float
+    stream: ByteStream | None = None
+    sent: int = 0
+
+    def outcome(self, result: str, reason: str, runtime: Runtime, remote_share: float = 0.0) -> Outcome:
+        return Outcome(result, self.peer_id, reason, runtime.monotonic() - self.start, remote_share, self.sent)
+
+
+class Averager:
+    """Runs this node's side of averaging exchanges and state sync.
+
+    The merge itself is `trainer.rule`'s; the partner's work claim goes through
+    `claims` and its model through `screening`, both passed in. Clocks and worker
+    threads come from `runtime`.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        trainer: Trainer,
+        table: PeerTable,
+        identity: TaskIdentity,
+        *,
+        screening: ClippedGossip,
+        claims: WorkClaimLimiter,
+        bans: BanList,
+        exchange_timeout: float,
+        rng: random.Random,
+        wire_dtype: str = "float32",
+        runtime: Runtime = Runtime(),
+    ) -> None:
+        self.transport = transport
+        self.trainer = trainer
+        self.table = table
+        self.identity = identity
+        self.screening = screening
+        self.claims = claims
+        self.bans = bans
+        self.exchange_timeout = exchange_timeout
+        self.rng = rng
+        self.wire_dtype = check_wire_dtype(wire_dtype)  # what this node proposes when it initiates
+        self.runtime = runtime
+        self.in_exchange = False
+        self.outcomes: Counter[str] = Counter()
+        self.recent: deque[Outcome] = deque(maxlen=32)
+        self.bytes_sent = 0
+        self.typical_exchange_s = 0.0  # moving average of this node's completed exchanges
+        self.last_partner_distance: float | None = None  # L2 to the last partner's model we accepted (metrics)
+        self._max_params = max(trainer.spec.wire_size(dtype) for dtype in WIRE_DTYPES)
+        self._created = runtime.monotonic()
+
+    def local_rate(self) -> float:
+        """This peer's own samples/s since start: the yardstick for partners' claims."""
+        return self.trainer.samples / max(1.0, self.runtime.monotonic() - self._created)
+
+    async def run(self, period: float, max_attempts: int = 3, max_share: float = 0.1) -> None:
+        """Every `period` seconds (jittered), try up to `max_attempts` partners until one merges.
+
+        The period stretches so that exchanges take at most `max_share` of wall time:
+        a big model's exchange costs real CPU (Noise encryption, codec), which would
+        otherwise be taken from training.
+        """
+        while True:
+            wait = max(period, self.typical_exchange_s / max_share)
+            await anyio.sleep(wait * self.rng.uniform(0.5, 1.5))
+            outcome = await self.average_once(max_attempts)
+            if outcome.result == "merged":
+                self.typical_exchange_s += 0.2 * (outcome.duration_s - self.typical_exchange_s)
+
+    async def average_once(self, max_attempts: int = 3) -> Outcome:
+        """Try random live partners until one exchange completes or none is left."""
+        tried: set[str] = set()
+        outcome = Outcome("no-partner", "", "no attempt made")
+        for _ in range(max_attempts):
+            entry, reason = self.table.select_partner(self.rng, tried)
+            if entry is None:
+                return Outcome("no-partner", "", reason)
+            tried.add(entry.peer_id)
+            outcome = await self.exchange_with(entry.peer_id, entry.addrs)
+            if outcome.result == "merged":
+                entry.exchanges += 1
+                break
+        return outcome
+
+    async def exchange_with(self, peer_id: str, addrs: list[str]) -> Outcome:
+        """Run one exchange as initiator; return how it ended (never raises, but cancels)."""
+        if self.in_exchange:
+            return Outcome("busy", peer_id, "this node is already in an exchange")
+        self.in_exchange = True
+        try:
+            return await self._attempt(_Attempt(peer_id, self.runtime.monotonic()), self._initiate, addrs)
+        finally:
+            self.in_exchange = False
+
+    async def serve_exchange(self, stream: ByteStream) -> None:
+        """Answer one inbound exchange (the `/murmur/average` stream handler)."""
+        attempt = _Attempt(stream.remote_peer, self.runtime.monotonic(), stream)
+        await self._attempt(attempt, self._respond)
+
+    async def _initiate(self, attempt: _Attempt, addrs: list[str]) -> Outcome:
+        attempt.stream = await self.transport.open_stream(attempt.peer_id, addrs, AVERAGE_PROTOCOL)
+        conv = Conversation(attempt.stream, Exchange(Role.INITIATOR, AVERAGE, max_params_bytes=self._max_params))
+        snapshot = await self.runtime.run_sync(self.trainer.snapshot, self.wire_dtype)
+        await conv.send(Offer(self.identity.run_id, self.identity.fingerprint, snapshot.weight, self.wire_dtype))
+        answer = await conv.receive(Accept, Busy, Refuse)
+        if isinstance(answer, (Busy, Refuse)):
+            await attempt.stream.close()
+            return attempt.outcome("busy" if isinstance(answer, Busy) else "refused", answer.reason, self.runtime)
+        assert isinstance(answer, Accept)  # for the type checker: `receive` checked it
+        return await self._merge(conv, attempt, snapshot, answer.work, initiator=True)
+
+    async def _respond(self, attempt: _Attempt) -> Outcome | None:
+        assert attempt.stream is not None
+        conv = Conversation(attempt.stream, Exchange(Role.RESPONDER, AVERAGE, max_params_bytes=self._max_params))
+        offer = await conv.receive(Offer)
+        assert isinstance(offer, Offer)
+        mismatch = self.identity.mismatch(offer.run_id, offer.fingerprint)
+        if mismatch:
+            await conv.send(Refuse(mismatch))
+            await attempt.stream.close()
+            return attempt.outcome("refused", mismatch, self.runtime)
+        if self.in_exchange:
+            await conv.send(Busy("already in an exchange"))
+            await attempt.stream.close()
+            return None  # the initiator records it and tries someone else
+        self.in_exchange = True
+        try:
+            # The initiator picks the wire dtype: both sides must quantize alike for an exact merge.
+            snapshot = await self.runtime.run_sync(self.trainer.snapshot, offer.wire_dtype)
+            await conv.send(Accept(snapshot.weight))
+            return await self._merge(conv, attempt, snapshot, offer.work, initiator=False)
+        finally:
+            self.in_exchange = False
+
+    async def _merge(self, conv: Conversation, attempt: _Attempt, snapshot: Snapshot, claimed: float, *, initiator: bool) -> Outcome:
+        """Swap models, vet the partner's, commit (responder first) and apply the rule's merge."""
+        try:
+            remote = await self._swap(conv, snapshot.state)
+        except ProtocolError as exc:
+            with contextlib.suppress(ProtocolError, TransportError):  # best effort: the error below is what counts
+                await conv.send(Abort(f"{type(exc).__name__}: {exc}"))
+            raise
+        attempt.sent = self.trainer.spec.wire_size(snapshot.state.dtype)
+        decision, verdict = await self._vet(attempt.peer_id, snapshot, remote, claimed)
+        if decision is None:
+            await conv.send(Abort(f"your model was rejected: {verdict}"))
+            await conv.stream.close()
+            return attempt.outcome("rejected", verdict, self.runtime)
+        if initiator:
+            await conv.receive(Commit)  # the responder accepted our model
+            await conv.send(Commit())
+        else:
+            await conv.send(Commit())
+            await conv.receive(Commit)  # the initiator accepted our model too
+        await conv.stream.close()
+        # Shielded: once both sides committed, a cancellation must not leave half a merge.
+        with anyio.CancelScope(shield=True):
+            await self.runtime.run_sync(self.trainer.merge, snapshot, remote, decision.remote_share, decision.weight_after)
+        self.table.refresh(attempt.peer_id, self.runtime.monotonic())
+        return attempt.outcome("merged", decision.reason, self.runtime, decision.remote_share)
+
+    async def _attempt(self, attempt: _Attempt, body: Callable[..., Awaitable[Outcome | None]], *args: Any) -> Outcome:
+        """Run one exchange's `body` under the exchange timeout and record how it ended.
+
+        Every failure becomes a `failed` outcome with its reason (a hostile peer's also a
+        strike) and resets the stream; cancellation resets it too, then propagates.
+        """
+        try:
+            with anyio.fail_after(self.exchange_timeout):
+                outcome = await body(attempt, *args)
+            return self._record(outcome) if outcome else Outcome("busy", attempt.peer_id, "answered busy")
+        except TimeoutError:
+            reason = f"timed out after {self.exchange_timeout:g}s"
+        except ProtocolError as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, OFFENCES):
+                await self._offence(attempt.peer_id, reason)
+        except TransportError as exc:
+            reason = str(exc)
+        except anyio.get_cancelled_exc_class():
+            if attempt.stream is not None:  # shutting down: tell the partner now rather than at its timeout
+                await attempt.stream.reset()
+            raise
+        if attempt.stream is not None:
+            await attempt.stream.reset()
+        return self._record(attempt.outcome("failed", reason, self.runtime))
+
+    async def _offence(self, peer_id: str, reason: str) -> None:
+        """Strike `peer_id`; once banned, forget it and hang up."""
+        if self.bans.strike(peer_id, reason):
+            self.table.forget(peer_id)
+            await self.transport.hang_up(peer_id)
+
+    async def _vet(self, peer_id: str, snapshot: Snapshot, remote: WireState, claimed: float) -> tuple[MixDecision | None, str]:
+        """Credit the partner's work claim, let the rule decide, and screen the partner's model.
+
+        Returns the decision (its share clipped by screening), or None to reject, and the verdict.
+        """
+        claim = self.claims.credit(peer_id, claimed, snapshot.weight, self.local_rate(), self.runtime.wall())
+        if claim.offence:
+            await self._offence(peer_id, claim.reason)
+        decision = self.trainer.rule.decide(snapshot.weight, claim.weight)
+        if not decision.screen:
+            return decision, claim.reason
+        screening = await self.runtime.run_sync(self.screening.screen, snapshot.state, remote)
+        if screening.offence:
+            await self._offence(peer_id, f"rejected model: {screening.reason}")
+        if screening.pull is None:
+            return None, screening.reason
+        self.last_partner_distance = screening.distance
+        return replace(decision, remote_share=decision.remote_share * screening.pull), screening.reason
+
+    async def _swap(self, conv: Conversation, local: WireState) -> WireState:
+        """Stream our model and receive the partner's at the same time (full duplex)."""
+        spec = self.trainer.spec
+        send_errors: list[Exception] = []
+
+        async def send() -> None:
+            try:
+                await params.send_params(conv, local, spec)
+            except (ProtocolError, TransportError) as exc:
+                send_errors.append(exc)
+
+        # Errors are caught inside the group and re-raised outside it, as themselves.
+        received: WireState | None = None
+        error: Exception | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send)
+            try:
+                received = await params.receive_params(conv, spec, local.dtype, self.runtime.run_sync)
+            except (ProtocolError, TransportError) as exc:
+                error = exc
+                tg.cancel_scope.cancel()
+        if error or send_errors:
+            raise error or send_errors[0]
+        assert received is not None
+        return received
+
+    def _record(self, outcome: Outcome) -> Outcome:
+        self.outcomes[outcome.result] += 1
+        self.recent.append(outcome)
+        self.bytes_sent += outcome.bytes_sent
+        level = logging.INFO if outcome.result in ("merged", "refused", "rejected") else logging.DEBUG
+        log.log(level, "exchange with %s: %s (%s) in %.3fs", outcome.partner[-8:], outcome.result, outcome.reason, outcome.duration_s)
+        return outcome
+
+    async def serve_state(self, stream: ByteStream) -> None:
+        """Answer one state-sync request (the `/murmur/state` stream handler)."""
+        conv = Conversation(stream, Exchange(Role.RESPONDER, STATE_SYNC))
+        try:
+            with anyio.fail_after(self.exchange_timeout):
+                request = await conv.receive(StateRequest)
+                assert isinstance(request, StateRequest)
+                mismatch = self.identity.mismatch(request.run_id, request.fingerprint)
+                if mismatch:
+                    await conv.send(Refuse(mismatch))
+                    log.warning("refused state sync from %s: %s", stream.remote_peer[-8:], mismatch)
+                else:
+                    snapshot = await self.runtime.run_sync(self.trainer.snapshot, request.wire_dtype)
+                    await conv.send(StateReply(snapshot.weight))
+                    await params.send_params(conv, snapshot.state, self.trainer.spec)
+                await stream.close()
+                return
+        except (TimeoutError, ProtocolError, TransportError) as exc:
+            log.info("state sync for %s failed: %s", stream.remote_peer[-8:], exc or type(exc).__name__)
+        await stream.reset()
+
+    async def fetch_state(self, peer_id: str, addrs: list[str]) -> tuple[WireState, float]:
+        """Download a peer's current model and weight, validated against ours.
+
+        Raises `TransportError`, `ProtocolError` (including `Refuse` as
+        `StateSyncRefused`) or `TimeoutError`; the local model is not touched.
+        """
+        stream = await self.transport.open_stream(peer_id, addrs, STATE_PROTOCOL)
+        conv = Conversation(stream, Exchange(Role.INITIATOR, STATE_SYNC, max_params_bytes=self._max_params))
+        try:
+            with anyio.fail_after(self.exchange_timeout):
+                await conv.send(StateRequest(self.identity.run_id, self.identity.fingerprint, self.wire_dtype))
+                reply = await conv.receive(StateReply, Refuse)
+                if isinstance(reply, Refuse):
+                    raise StateSyncRefused(reply.reason)
+                assert isinstance(reply, StateReply)
+                state = await params.receive_params(conv, self.trainer.spec, self.wire_dtype, self.runtime.run_sync)
+                await stream.close()
+                return state, reply.work
+        except BaseException:
+            await stream.reset()
+            raise
+
+    async def sync_from_swarm(self, attempts: int = 3, behind_ratio: float = 0.0) -> Outcome:
+        """Before the first step: adopt a live peer's model and weight, if any answers.
+
+        A node resuming from a checkpoint passes `behind_ratio`: it adopts the peer's
+        model only if that carries at least `behind_ratio` times its own work weight, so
+        a stale peer catches up instead of dragging its neighbours back.
+        """
+        tried: set[str] = set()
+        outcome = Outcome("no-partner", "", "no known peers")
+        for _ in range(attempts):
+            entry, reason = self.table.select_partner(self.rng, tried)
+            if entry is None:
+                return outcome if tried else Outcome("no-partner", "", reason)
+            tried.add(entry.peer_id)
+            start = self.runtime.monotonic()
+            try:
+                state, weight = await self.fetch_state(entry.peer_id, entry.addrs)
+            except (TimeoutError, ProtocolError, TransportError) as exc:
+                outcome = Outcome("failed", entry.peer_id, f"{type(exc).__name__}: {exc}")
+                continue
+            if weight < behind_ratio * self.trainer.weight:
+                return Outcome("kept", entry.peer_id, f"peer's weight {weight:.0f} is not {behind_ratio:g}x ours ({self.trainer.weight:.0f})")
+            await self.runtime.run_sync(self.trainer.adopt, state, weight)
+            outcome = Outcome("synced", entry.peer_id, f"adopted a model of weight {weight:.0f}", self.runtime.monotonic() - start)
+            log.info("state sync from %s: %s in %.3fs", entry.peer_id[-8:], outcome.reason, outcome.duration_s)
+            return outcome
+        return outcome
+
+
+class StateSyncRefused(ProtocolError):
+    """The peer refused to share its model (it trains another task)."""

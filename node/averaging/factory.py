@@ -1,0 +1,51 @@
+"""The one way to wire a peer's averaging: used by the node, the simulator and the tests."""
+
+from __future__ import annotations
+
+import random
+
+from node.averaging.averager import AVERAGE_PROTOCOL, STATE_PROTOCOL, Averager
+from node.learn.runtime import Runtime
+from node.learn.screening import ClippedGossip, WorkClaimLimiter
+from node.learn.trainer import Trainer
+from node.net.membership import TaskIdentity
+from node.net.peers import PeerTable
+from node.net.security import BanList
+from node.net.transport import Transport
+
+
+def build_averager(
+    transport: Transport,
+    trainer: Trainer,
+    *,
+    run_id: str | None = None,
+    table: PeerTable | None = None,
+    bans: BanList | None = None,
+    rng: random.Random | None = None,
+    exchange_timeout: float = 10.0,
+    wire_dtype: str = "float32",
+    screening: ClippedGossip | None = None,
+    claims: WorkClaimLimiter | None = None,
+    runtime: Runtime = Runtime(),
+) -> Averager:
+    """An `Averager` for `trainer` over `transport`, serving the averaging and state-sync protocols.
+
+    Defaults: the run is the task's name, a `PeerTable` without liveness expiry beyond
+    10 s, a fresh ban list, default screening and claim limits, and real clocks and
+    threads. Raises `ValueError` for an unknown `wire_dtype`.
+    """
+    averager = Averager(
+        transport, trainer,
+        table if table is not None else PeerTable(transport.peer_id, liveness_timeout=10.0),
+        TaskIdentity(run_id or trainer.task.name, trainer.fingerprint),
+        screening=screening if screening is not None else ClippedGossip(),
+        claims=claims if claims is not None else WorkClaimLimiter(),
+        bans=bans if bans is not None else BanList(),
+        exchange_timeout=exchange_timeout,
+        rng=rng if rng is not None else random.Random(),
+        wire_dtype=wire_dtype,
+        runtime=runtime,
+    )  # fmt: skip
+    transport.set_handler(AVERAGE_PROTOCOL, averager.serve_exchange)
+    transport.set_handler(STATE_PROTOCOL, averager.serve_state)
+    return averager

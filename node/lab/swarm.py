@@ -1,0 +1,176 @@
+"""Local swarms of `murmur run` OS processes: start, watch, stop by PID.
+
+Used by `murmur demo`, the benchmarks and the swarm tests. Every peer gets its own
+data dir under `root`; the first peer's address (from its `--addr-file`) is every
+other peer's bootstrap. `ForkedPeer` starts `murmur run` faster, for benchmarks that
+start many short-lived swarms.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from node.ops.node import METRICS_FILE, STATUS_FILE
+
+
+class SwarmError(RuntimeError):
+    """A peer failed to start or to publish its address in time."""
+
+
+@dataclass
+class Peer:
+    index: int
+    slowdown: float
+    data_dir: Path
+    process: subprocess.Popen
+
+    def status(self) -> dict | None:
+        try:
+            return json.loads((self.data_dir / STATUS_FILE).read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+
+    def metrics(self) -> list[dict]:
+        try:
+            lines = (self.data_dir / METRICS_FILE).read_text().splitlines()
+        except OSError:
+            return []
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+def murmur_command() -> list[str]:
+    return [sys.executable, "-m", "node.ops.cli"]
+
+
+def peer_environment() -> dict[str, str]:
+    """This process's environment minus `MURMUR_*`: local peers are configured by their flags alone.
+
+    An exported `MURMUR_METRICS_PORT`, say, would otherwise make every peer after the
+    first fail to bind it.
+    """
+    return {k: v for k, v in os.environ.items() if not k.startswith("MURMUR_")}
+
+
+FORK_PRELOAD = ["node.lab.preload"]  # what the fork server imports once (see node/preload.py)
+
+
+class ForkedPeer:
+    """`murmur run ARGV` in a process forked from a server that has imported everything once.
+
+    The peer runs the command's own code (`node.ops.cli.entry`) in its own OS process and
+    session, with its output in `log_path` and no `MURMUR_*` settings, like `start_peer`'s
+    peers; it is ready in about a second instead of several. Popen-like (`pid`, `poll`,
+    `wait`, `kill`, `returncode`), so `stop_processes` stops it by PID.
+    """
+
+    def __init__(self, argv: list[str], log_path: Path) -> None:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(FORK_PRELOAD)
+        # daemon: should this process die, multiprocessing's exit handler still ends the peer
+        self._process = context.Process(target=_forked_murmur, args=(argv, str(log_path)), name="murmur-run", daemon=True)
+        self._process.start()
+        self.pid: int = self._process.pid  # type: ignore[assignment]  # set by start()
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The exit code; raises `subprocess.TimeoutExpired` if the peer still runs after `timeout`."""
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired("murmur run", timeout or 0.0)
+        return self._process.exitcode
+
+    def kill(self) -> None:
+        self._process.kill()
+
+
+def _forked_murmur(argv: list[str], log_path: str) -> None:
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.setsid()  # as start_new_session: Ctrl-C reaches only the controller, which stops peers by PID
+    for key in [k for k in os.environ if k.startswith("MURMUR_")]:
+        del os.environ[key]
+    from node.ops.cli import entry
+
+    sys.argv = ["murmur", *argv]
+    entry()  # exits the process
+
+
+def start_peer(
+    index: int, root: Path, slowdown: float, extra: list[str], bootstrap: str | None, command: list[str] | None = None
+) -> Peer:
+    """Start `murmur run` (or `command`, e.g. an adversary) as peer `index` under `root`."""
+    data_dir = root / f"peer-{index}"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / "addrs.txt").unlink(missing_ok=True)
+    args = (command or murmur_command()) + [
+        "run", "--data-dir", str(data_dir), "--listen", "/ip4/127.0.0.1/tcp/0",
+        "--addr-file", str(data_dir / "addrs.txt"), "--slowdown", str(slowdown), *extra,
+    ]
+    if bootstrap:
+        args += ["--bootstrap", bootstrap]
+    log = (data_dir / "log.txt").open("w")
+    # A new session: Ctrl-C reaches only the controller, which stops peers by PID.
+    process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=peer_environment())
+    return Peer(index, slowdown, data_dir, process)
+
+
+def wait_for_address(peer: Peer, timeout: float = 60.0) -> str:
+    """Return the peer's first listening address once its addr file appears."""
+    deadline = time.monotonic() + timeout
+    path = peer.data_dir / "addrs.txt"
+    while time.monotonic() < deadline:
+        if peer.process.poll() is not None:
+            raise SwarmError(f"peer {peer.index} exited with {peer.process.returncode}; see {peer.data_dir / 'log.txt'}")
+        if path.exists() and path.read_text().strip():
+            return path.read_text().split()[0]
+        time.sleep(0.1)
+    raise SwarmError(f"peer {peer.index} published no address within {timeout:g}s")
+
+
+def start_swarm(root: Path, slowdowns: list[float], extra: list[str]) -> list[Peer]:
+    """Start one peer per slowdown; all bootstrap from the first. Stops all on failure."""
+    first = start_peer(0, root, slowdowns[0], extra, None)
+    peers = [first]
+    try:
+        bootstrap = wait_for_address(first)
+        peers += [start_peer(i, root, s, extra, bootstrap) for i, s in enumerate(slowdowns[1:], start=1)]
+    except BaseException:
+        stop_swarm(peers)
+        raise
+    return peers
+
+
+def stop_processes(processes: list[subprocess.Popen] | list[ForkedPeer], timeout: float = 15.0) -> list[int | None]:
+    """SIGTERM every process by PID, wait up to `timeout` in all, SIGKILL stragglers; return exit codes."""
+    for process in processes:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return [process.returncode for process in processes]
+
+
+def stop_swarm(peers: list[Peer], timeout: float = 15.0) -> list[int | None]:
+    """Stop every peer (see `stop_processes`); return their exit codes."""
+    return stop_processes([peer.process for peer in peers], timeout)

@@ -1,0 +1,113 @@
+"""The `MergeRule` seam: how two peers' models become one at an exchange.
+
+A rule decides the partner's share of the merge and says why (`decide`), produces the
+change to add to the live model (`delta`), and owns whatever state it needs between
+merges (`state_dict`, `load_state_dict`, `reset`), which the trainer checkpoints with
+the model. Both sides of an exchange evaluate the same symmetric decision, so they
+arrive at the same merged parameters. Each side keeps the pair's mean weight, which
+conserves Σ weight across the pair.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from protocol.codec import pieces
+
+
+@dataclass(frozen=True)
+class MixDecision:
+    """The partner's share of the merged model, the weight both sides keep, and why.
+
+    `screen` is False when the local side adopts as a newcomer: it has no model of
+    its own to defend, so the partner's is not screened against it.
+    """
+
+    remote_share: float
+    weight_after: float
+    reason: str
+    screen: bool = True
+
+
+def newcomer_decision(local_weight: float, remote_weight: float) -> MixDecision | None:
+    """A side with no work yet takes the other's model whole; None when neither is a newcomer."""
+    mean = (local_weight + remote_weight) / 2
+    if local_weight == 0 and remote_weight > 0:
+        return MixDecision(1.0, mean, "local model has no work yet: adopt the partner's", screen=False)
+    if remote_weight == 0 and local_weight > 0:
+        return MixDecision(0.0, mean, "partner has no work yet: keep the local model")
+    return None
+
+
+class MergeDelta(Mapping[str, torch.Tensor]):
+    """The change that turns `snapshot` into `snapshot + share × (remote − snapshot)`, one tensor per lookup.
+
+    Adding it to the live model (rather than overwriting) keeps whatever the local
+    trainer learned while the exchange was in flight. Each tensor is computed when
+    read, and `pieces` computes it a few MB at a time, so applying a merge never holds
+    a second copy of the model.
+    """
+
+    def __init__(self, snapshot: Mapping[str, torch.Tensor], remote: Mapping[str, torch.Tensor], share: float) -> None:
+        self._snapshot = snapshot
+        self._remote = remote
+        self._share = share
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return torch.sub(self._remote[name], self._snapshot[name]).mul_(self._share)  # one temporary, not two
+
+    def pieces(self, name: str) -> Iterator[tuple[slice, torch.Tensor]]:
+        """Tensor `name` of the delta as (elements, flat float32 piece): a few MB at a time."""
+        for (elements, snap), (_, remote) in zip(pieces(self._snapshot, name), pieces(self._remote, name), strict=True):
+            yield elements, torch.sub(remote, snap).mul_(self._share)  # pieces may be views: no in-place
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._snapshot)
+
+    def __len__(self) -> int:
+        return len(self._snapshot)
+
+
+class MergeRule(abc.ABC):
+    """How this peer merges with a partner. Subclasses implement `mix`; see the module docstring."""
+
+    name: ClassVar[str]
+    # Optimizer state (per-parameter keys, e.g. "exp_avg") that travels with the model for this rule.
+    optimizer_state: ClassVar[tuple[str, ...]] = ()
+
+    def decide(self, local_weight: float, remote_weight: float) -> MixDecision:
+        """The merge of a local model and a partner's, given their (credited) work weights.
+
+        A newcomer (no work) adopts its partner's model, whatever the rule.
+        """
+        return newcomer_decision(local_weight, remote_weight) or self.mix(local_weight, remote_weight)
+
+    @abc.abstractmethod
+    def mix(self, local_weight: float, remote_weight: float) -> MixDecision:
+        """The rule's own decision for two peers that both have work."""
+
+    def delta(self, snapshot: Mapping[str, torch.Tensor], remote: Mapping[str, torch.Tensor], share: float) -> MergeDelta:
+        """The change to add to the live model, given the exchanged `snapshot`, the partner's
+        `remote` tensors (both as CPU float32 on read) and the partner's final `share`.
+
+        Called once per committed merge, under the trainer's lock: a stateful rule may
+        update its state here.
+        """
+        return MergeDelta(snapshot, remote, share)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The rule's state, for checkpoints (plain tensors and numbers)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()` output; raises `ValueError` if it is not this rule's."""
+        if state:
+            raise ValueError(f"merge rule {self.name!r} keeps no state, got keys {sorted(state)}")
+
+    def reset(self, model: Mapping[str, torch.Tensor]) -> None:
+        """The local model was replaced by `model` wholesale (state sync): start over from it."""

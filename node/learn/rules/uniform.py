@@ -1,0 +1,14 @@
+"""`uniform`: plain gossip averaging, both models count equally."""
+
+from __future__ import annotations
+
+from node.learn.rules.rule import MergeRule, MixDecision
+
+
+class UniformRule(MergeRule):
+    """Half of each model (newcomers excepted); both sides keep the pair's mean weight."""
+
+    name = "uniform"
+
+    def mix(self, local_weight: float, remote_weight: float) -> MixDecision:
+        return MixDecision(0.5, (local_weight + remote_weight) / 2, "uniform: equal shares")

@@ -1,0 +1,9 @@
+"""Built-in tasks and the task loader."""
+
+from node.learn.tasks.charlm import CharLMTask
+from node.learn.tasks.digits import DigitsTask
+from node.learn.tasks.task import Batch, Metric, Task, UnknownTask, load_task
+
+BUILTIN_TASKS = {"digits": DigitsTask, "charlm": CharLMTask}
+
+__all__ = ["BUILTIN_TASKS", "Batch", "CharLMTask", "DigitsTask", "Metric", "Task", "UnknownTask", "load_task"]

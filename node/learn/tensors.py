@@ -1,0 +1,89 @@
+"""The tensors a peer exchanges: its model's floating-point tensors, each storage once,
+and the optimizer state its merge rule asks for.
+
+Tied weights (an output layer sharing the embedding's matrix, as in GPT-2) appear in
+`state_dict()` under two names but are one tensor; here they are one entry, under the
+first name, so they travel once and a merge moves them once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+
+import torch
+from torch import nn
+
+OPTIMIZER_PREFIX = "optimizer."
+
+
+class UnsupportedOptimizerState(ValueError):
+    """A merge rule asks for optimizer state this optimizer does not keep per parameter."""
+
+
+# Per-parameter state keys, and how to start each one as a fresh optimizer would.
+_STATE_KEYS: dict[type[torch.optim.Optimizer], tuple[str, ...]] = {
+    torch.optim.SGD: ("momentum_buffer",),
+    torch.optim.Adam: ("exp_avg", "exp_avg_sq"),
+    torch.optim.AdamW: ("exp_avg", "exp_avg_sq"),
+}
+
+
+class ExchangedTensors(Mapping[str, torch.Tensor]):
+    """Live tensors by name, in a fixed order: the model's, then the requested optimizer state.
+
+    Writing into a tensor read from here (in place) changes the model or optimizer.
+    Optimizer state is materialised at construction (zeros, as the optimizer's first
+    step would start it), so peers that have not stepped yet exchange the same names.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, optimizer_state: Sequence[str] = ()) -> None:
+        self._tensors: dict[str, torch.Tensor] = {}
+        self.aliases: dict[str, str] = {}  # a tied name -> the name it travels under
+        seen: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], str] = {}
+        for name, tensor in model.state_dict().items():
+            if not tensor.is_floating_point():
+                continue
+            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
+            if tensor.numel() and key in seen:  # empty tensors share no data, whatever their pointer
+                self.aliases[name] = seen[key]
+                continue
+            seen[key] = name
+            self._tensors[name] = tensor
+        if optimizer_state:
+            if optimizer is None:
+                raise UnsupportedOptimizerState("optimizer state was requested without an optimizer")
+            self._tensors.update(_optimizer_tensors(model, optimizer, optimizer_state))
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._tensors[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+
+def _optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer, keys: Sequence[str]) -> dict[str, torch.Tensor]:
+    supported = next((k for cls, k in _STATE_KEYS.items() if type(optimizer) is cls), ())
+    missing = [key for key in keys if key not in supported]
+    if missing:
+        raise UnsupportedOptimizerState(
+            f"{type(optimizer).__name__} keeps no per-parameter {missing}; "
+            f"exchangeable state: " + ", ".join(f"{cls.__name__} {k}" for cls, k in _STATE_KEYS.items())
+        )
+    names = {id(p): n for n, p in model.named_parameters()}  # tied parameters once, under the first name
+    tensors: dict[str, torch.Tensor] = {}
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if id(param) not in names:
+                raise UnsupportedOptimizerState("the optimizer holds a parameter that is not the model's")
+            state = optimizer.state[param]
+            if not state and isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+                # Adam starts all three together; a present `exp_avg` without `step` would break its first step.
+                state["step"] = torch.tensor(0.0, dtype=torch.float32)
+            for key in keys:
+                if key not in state:
+                    state[key] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                tensors[f"{OPTIMIZER_PREFIX}{names[id(param)]}.{key}"] = state[key]
+    return tensors

@@ -1,0 +1,213 @@
+"""The real transport: py-libp2p over TCP with Noise (only) and yamux, relays included.
+
+Behind the `Transport` interface of `node.net.transport`; passes the same conformance
+test as `MemoryTransport` (`tests/test_transport.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+
+import anyio
+import multiaddr
+from libp2p.abc import INetConn, INetwork, INotifee
+from libp2p.crypto.keys import KeyPair
+from libp2p.host.basic_host import BasicHost
+from libp2p.network.stream.exceptions import StreamEOF
+from libp2p.network.stream.net_stream import INetStream
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+from libp2p.utils.address_validation import expand_wildcard_address
+
+from node.net.host import build_host
+from node.net.relay import CircuitRelay, RelayError, is_circuit
+from node.net.transport import READ_CHUNK, ByteStream, StreamHandler, Transport, TransportError
+
+# When a peer offers a relayed address too, a direct dial gets this long before we use the relay:
+# an unreachable NAT address may hang until the TCP timeout.
+DIRECT_DIAL_TIMEOUT = 2.0
+log = logging.getLogger("murmur.transport")
+
+class _Libp2pStream(ByteStream):
+    def __init__(self, stream: INetStream) -> None:
+        self._stream = stream
+        self.remote_peer = stream.muxed_conn.peer_id.to_base58()
+
+    async def receive_some(self, max_bytes: int = READ_CHUNK) -> bytes:
+        try:
+            return await self._stream.read(max_bytes)
+        except StreamEOF:
+            return b""
+        except Exception as exc:  # py-libp2p raises several unrelated types here
+            raise TransportError(f"read from {self.remote_peer} failed: {exc!r}") from exc
+
+    async def send_all(self, data: bytes) -> None:
+        try:
+            await self._stream.write(data)
+        except Exception as exc:
+            raise TransportError(f"write to {self.remote_peer} failed: {exc!r}") from exc
+
+    async def close(self) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._stream.close()
+            except Exception:
+                pass
+
+    async def reset(self) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._stream.reset()
+            except Exception:
+                pass
+
+
+class _ConnectionGate(INotifee):
+    """Closes a new connection at once when `refuse(peer_id)` gives a reason."""
+
+    def __init__(self, refuse: Callable[[str], str | None]) -> None:
+        self.refuse = refuse
+        self._logged: set[tuple[str, str]] = set()
+
+    async def connected(self, network: INetwork, conn: INetConn) -> None:
+        peer_id = conn.muxed_conn.peer_id
+        reason = self.refuse(peer_id.to_base58())
+        if reason:
+            if (peer_id.to_base58(), reason) not in self._logged:  # once per peer and reason
+                self._logged.add((peer_id.to_base58(), reason))
+                log.warning("closing connections from %s: %s", peer_id.to_base58()[-8:], reason)
+            await network.close_peer(peer_id)
+
+    async def opened_stream(self, network: INetwork, stream: INetStream) -> None: ...
+    async def closed_stream(self, network: INetwork, stream: INetStream) -> None: ...
+    async def disconnected(self, network: INetwork, conn: INetConn) -> None: ...
+    async def listen(self, network: INetwork, multiaddr: multiaddr.Multiaddr) -> None: ...
+    async def listen_close(self, network: INetwork, multiaddr: multiaddr.Multiaddr) -> None: ...
+
+
+class Libp2pTransport(Transport):
+    """The real transport: a Noise-only py-libp2p host over TCP with yamux.
+
+    Behind NAT: `announce` lists public addresses (`/ip4/…/tcp/…`, optionally ending in our
+    `/p2p/<id>`) that replace the listen addresses in what peers are told; `relays` are
+    circuit-relay v2 peers (`…/p2p/<relay id>`) to reserve a slot on, whose circuit
+    addresses are advertised too; `relay_service` makes this node relay for others.
+    Raises `ValueError` for a malformed address.
+    """
+
+    def __init__(
+        self,
+        key_pair: KeyPair,
+        *,
+        max_connections: int = 300,
+        announce: Sequence[str] = (),
+        relays: Sequence[str] = (),
+        relay_service: bool = False,
+    ) -> None:
+        self.peer_id = ID.from_pubkey(key_pair.public_key).to_base58()
+        self.announce = [_own_address(a, self.peer_id) for a in announce]
+        # Identify advertises the announced addresses only: py-libp2p's get_addrs() cuts an
+        # address at its first /p2p/, which would turn a circuit address into the relay's own.
+        factory = (lambda _listen: [multiaddr.Multiaddr(a) for a in self.announce]) if announce or relays else None
+        self.host: BasicHost = build_host(key_pair, max_connections=max_connections, addrs_factory=factory)
+        self.relay = CircuitRelay(self.host, relays=relays, hop=relay_service)
+
+    def gate_connections(self, refuse: Callable[[str], str | None]) -> None:
+        """Close every new connection whose peer ID `refuse` gives a reason for."""
+        self.host.get_network().register_notifee(_ConnectionGate(refuse))
+
+    @asynccontextmanager
+    async def run(self, listen: Sequence[str]) -> AsyncIterator[None]:
+        """Listen on `listen` (may be empty: dial out only) and hold the relay reservations."""
+        async with self.host.run([multiaddr.Multiaddr(a) for a in listen]), self.relay.run():
+            yield
+
+    def addresses(self) -> list[str]:
+        """What peers are told: announced and relayed addresses if configured, else the listen addresses."""
+        if not self.announce and not self.relay.relays:
+            return self.listen_addresses()
+        return [f"{a}/p2p/{self.peer_id}" for a in self.announce] + self.relay.addresses()
+
+    def listen_addresses(self) -> list[str]:
+        """The addresses this host really listens on (wildcards expanded), each ending in `/p2p/<id>`."""
+        addrs: list[str] = []
+        for addr in self.host.get_transport_addrs():
+            if addr.value_for_protocol("ip4") == "0.0.0.0":
+                concrete = [multiaddr.Multiaddr(str(addr).replace("/ip4/0.0.0.0/", "/ip4/127.0.0.1/", 1))]
+                concrete += expand_wildcard_address(addr)
+            else:
+                concrete = [addr]
+            addrs += [f"{a}/p2p/{self.peer_id}" for a in concrete if f"{a}/p2p/{self.peer_id}" not in addrs]
+        return addrs
+
+    def set_handler(self, protocol: str, handler: StreamHandler) -> None:
+        async def serve(stream: INetStream) -> None:
+            await handler(_Libp2pStream(stream))
+
+        self.host.set_stream_handler(protocol, serve)
+
+    async def open_stream(self, peer_id: str, addrs: Sequence[str], protocol: str) -> ByteStream:
+        try:
+            pid = ID.from_base58(peer_id)
+            if pid not in self.host.get_connected_peers():
+                await self._connect(pid, addrs)
+            return _Libp2pStream(await self.host.new_stream(pid, [protocol]))
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:
+            raise TransportError(f"cannot open {protocol} to {peer_id[-8:]}: {exc!r}") from exc
+
+    async def _connect(self, pid: ID, addrs: Sequence[str]) -> None:
+        """Dial directly first, then through each relay of a `/p2p-circuit` address; raise if all fail."""
+        direct = [a for a in addrs if not is_circuit(a)]
+        circuits = [a for a in addrs if is_circuit(a)]
+        if not circuits:
+            await self.host.connect(PeerInfo(pid, [multiaddr.Multiaddr(_strip_p2p(a)) for a in direct]))
+            return
+        failures: list[str] = []
+        if direct:
+            try:
+                with anyio.fail_after(DIRECT_DIAL_TIMEOUT):
+                    await self.host.connect(PeerInfo(pid, [multiaddr.Multiaddr(_strip_p2p(a)) for a in direct]))
+                return
+            except Exception as exc:
+                failures.append(f"direct: {exc!r}")
+        for addr in circuits:
+            try:
+                await self.relay.dial(addr)
+                return
+            except RelayError as exc:
+                failures.append(str(exc))
+        raise TransportError("; ".join(failures))
+
+    async def hang_up(self, peer_id: str) -> None:
+        """Close every connection to `peer_id`, except to our own relays: those carry our reservation."""
+        if peer_id in self.relay.relay_ids():
+            return
+        with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+            try:
+                await self.host.disconnect(ID.from_base58(peer_id))
+            except Exception:
+                pass
+
+
+def _strip_p2p(addr: str) -> str:
+    return addr.split("/p2p/")[0]
+
+
+def _own_address(addr: str, peer_id: str) -> str:
+    """`addr` without a trailing `/p2p/<peer_id>`; raises `ValueError` if malformed or another peer's."""
+    try:
+        multiaddr.Multiaddr(addr)
+    except Exception as exc:
+        raise ValueError(f"announce address {addr!r} is not a valid multiaddr: {exc}") from exc
+    if is_circuit(addr):
+        raise ValueError(f"announce address {addr!r} is a relay circuit: use --relay <relay address> instead")
+    head, sep, tail = addr.rpartition("/p2p/")
+    if not sep:
+        return addr
+    if tail != peer_id:
+        raise ValueError(f"announce address {addr!r} names peer {tail}, not this node ({peer_id})")
+    return head

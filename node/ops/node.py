@@ -1,0 +1,338 @@
+"""The Murmur node: one task group that owns the host, membership, averaging and training.
+
+Start-up order: listen (and announce addresses), greet bootstrap peers, pull the
+current model from a live peer (state sync), then train and gossip until cancelled.
+Training never waits on the network: it runs steps on a worker thread while the
+event loop serves peers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import anyio
+import torch
+from libp2p.crypto.keys import KeyPair
+
+from node.averaging.factory import build_averager
+from node.learn.checkpoint import load_latest, save_checkpoint
+from node.learn.device import describe, resolve_device
+from node.learn.rules import make_rule
+from node.learn.step import Pacing
+from node.learn.tasks import load_task
+from node.learn.trainer import Evaluation, Trainer, TrainStats, train
+from node.net.libp2p_transport import Libp2pTransport
+from node.net.membership import PEERS_PROTOCOL, Membership
+from node.net.peers import PeerTable
+from node.net.security import BanList, GuardedTransport, load_allow_list, load_secret
+from node.net.transport import Transport
+from node.ops.metrics import CountingTransport, NodeMetrics, Traffic, serve_metrics
+from node.ops.status import STATUS_FILE
+
+log = logging.getLogger("murmur.node")
+STATUS_INTERVAL = 1.0  # seconds between status.json writes (and metrics updates)
+START_FILE_POLL_S = 0.02
+METRICS_FILE = "metrics.jsonl"
+PARAMS_FILE = "params.pt"
+CHECKPOINT_DIR = "checkpoints"
+BANS_FILE = "bans.json"
+
+
+@dataclass
+class NodeConfig:
+    """Everything `murmur run` can set; defaults suit a small local swarm."""
+
+    data_dir: Path
+    task: str = "digits"
+    run_id: str | None = None  # defaults to the task name
+    listen: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
+    bootstrap: list[str] = field(default_factory=list)
+    announce: list[str] = field(default_factory=list)  # public addresses peers are told instead of listen ones
+    relays: list[str] = field(default_factory=list)  # circuit-relay v2 peers to reserve a slot on and be reached via
+    relay_service: bool = False  # relay (circuit v2 hop) for peers that cannot be dialed directly
+    addr_file: Path | None = None
+    slowdown: float = 1.0
+    step_time_ms: float | None = None
+    weighting: str = "work"
+    average_every: float = 0.1
+    exchange_timeout: float = 10.0
+    gossip_every: float = 1.0
+    liveness_timeout: float = 10.0
+    view_size: int | None = 32  # members kept (a bounded PartialView of the swarm); None: every peer
+    eval_every: float = 1.0
+    duration: float | None = None  # stop after this many seconds of training
+    shard: int | None = None  # defaults to a number derived from the peer ID
+    sync_state: bool = True
+    start_at: float | None = None  # Unix time to start training (benchmarks start peers together)
+    start_file: Path | None = None  # wait for this file to hold the Unix time to start at (see `wait_for_start_time`)
+    checkpoint_every: float = 30.0  # seconds; also on exit
+    catch_up_ratio: float = 1.0  # a resumed node adopts a peer's model carrying at least this many times its work
+    record_params: bool = False  # keep the parameters at every evaluation, saved to params.pt on exit
+    allow_peers: Path | None = None  # peer-ID allow-list file
+    swarm_secret_file: Path | None = None
+    max_connections: int = 300
+    wire_dtype: str = "float32"  # the dtype this node proposes for exchanges (protocol.codec.WIRE_DTYPES)
+    device: str = "auto"  # auto|cpu|cuda|cuda:N|mps (node.learn.device.resolve_device)
+    mixed_precision: bool = False  # bf16 autocast; CUDA only
+    metrics_port: int | None = None  # serve Prometheus metrics on this port (0: any free one); None: off
+    metrics_host: str = "127.0.0.1"
+    threads: int | None = None  # torch's intra-op threads; None: torch's own default
+
+
+def _shard_of(peer_id: str) -> int:
+    return int.from_bytes(peer_id.encode()[-6:], "big") % (2**31)
+
+
+class Node:
+    def __init__(
+        self, config: NodeConfig, transport: Transport, bans: BanList | None = None,
+        listen_addresses: Callable[[], list[str]] | None = None,
+    ) -> None:
+        """`listen_addresses` gives the real listen addresses when they differ from `transport.addresses()`."""
+        self.config = config
+        self._listen_addresses = listen_addresses or transport.addresses
+        self.traffic = Traffic()
+        transport = CountingTransport(transport, self.traffic)  # counts every protocol's bytes, for metrics
+        self.transport = transport
+        self.peer_id = transport.peer_id
+        if config.threads is not None:  # the operator's choice; benchmarks sharing a machine pass 1
+            torch.set_num_threads(config.threads)
+        task = load_task(config.task)
+        shard = config.shard if config.shard is not None else _shard_of(self.peer_id)
+        device = resolve_device(config.device)
+        self.trainer = Trainer(task, shard, device, config.mixed_precision, rule=make_rule(config.weighting))
+        log.info("training on %s (%d threads)%s", describe(device), torch.get_num_threads(), " with bf16 autocast" if config.mixed_precision else "")
+        self.rng = random.Random(shard)
+        self.table = PeerTable(self.peer_id, config.liveness_timeout, view_size=config.view_size)
+        self.bans = bans or BanList()
+        self.averager = build_averager(
+            transport, self.trainer, run_id=config.run_id, table=self.table, bans=self.bans, rng=self.rng,
+            exchange_timeout=config.exchange_timeout, wire_dtype=config.wire_dtype,
+        )
+        self.identity = self.averager.identity
+        self.membership = Membership(transport, self.table, self.identity, rng=self.rng, bans=self.bans)
+        self.stats = TrainStats()
+        self.param_history: list[tuple[float, torch.Tensor]] = []
+        self._serve_scope = anyio.CancelScope()
+        self.phase = "joining"  # then "waiting" (ready, not yet told to start) and "training"
+        self.last_eval: dict[str, float] = {}
+        self.metrics = NodeMetrics(self.peer_id, task.name)
+        self.metrics_url: str | None = None
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        self.resumed_from = self._restore()
+        self._metrics_path = config.data_dir / METRICS_FILE
+        self._metrics_path.unlink(missing_ok=True)
+
+    @property
+    def stopping(self) -> bool:
+        return self._serve_scope.cancel_called
+
+    def request_stop(self) -> None:
+        """Stop gracefully: end the exchange in flight, checkpoint, say goodbye, return from `run`."""
+        self._serve_scope.cancel()
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[list[str]] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run until `request_stop`, cancellation or `duration`; `task_status.started` gets the addresses.
+
+        On a requested stop or the end of `duration` the host stays up while the node
+        tells its neighbours it is leaving and checkpoints; after a plain cancellation
+        the goodbye is best effort (the host is going away too), bounded by 3 s.
+        """
+        cfg = self.config
+        self.transport.set_handler(PEERS_PROTOCOL, self.membership.serve)
+        async with self._metrics_endpoint(), self.transport.run(cfg.listen):
+            addrs = self.transport.addresses()  # what peers are told (announced/relayed addresses if any)
+            listening = self._listen_addresses()
+            announced = [a for a in addrs if a not in listening]
+            for addr in listening:
+                print(f"murmur: listening on {addr}", flush=True)
+            for addr in announced:
+                print(f"murmur: announcing {addr}", flush=True)
+            if cfg.addr_file:
+                _write_atomic(cfg.addr_file, "".join(a + "\n" for a in listening + announced))
+            task_status.started(addrs)
+            try:
+                with self._serve_scope:
+                    async with anyio.create_task_group() as tg:
+                        # From the start: a node joining or syncing is alive too (`murmur status --health`).
+                        tg.start_soon(self._report_status)
+                        await self._serve(cfg)
+                        tg.cancel_scope.cancel()
+            finally:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(3):
+                    await self.membership.announce_leaving()
+                with anyio.CancelScope(shield=True):
+                    await self.save_checkpoint()
+                self.write_status()
+                if self.param_history:
+                    torch.save(self.param_history, cfg.data_dir / PARAMS_FILE)
+
+    async def _serve(self, cfg: NodeConfig) -> None:
+        if cfg.bootstrap:
+            joined = await self.membership.join(cfg.bootstrap)
+            log.info("joined through %d of %d bootstrap peers", joined, len(cfg.bootstrap))
+            if cfg.sync_state:
+                ratio = cfg.catch_up_ratio if self.resumed_from else 0.0
+                outcome = await self.averager.sync_from_swarm(behind_ratio=ratio)
+                if outcome.result != "synced":
+                    log.info("no state sync (%s): training from the %s model", outcome.reason, "resumed" if self.resumed_from else "initial")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.membership.run, cfg.bootstrap, cfg.gossip_every)
+            tg.start_soon(self.averager.run, cfg.average_every)
+            tg.start_soon(self._checkpoint_periodically)
+            start_at = cfg.start_at
+            if cfg.start_file is not None:
+                self._set_phase("waiting")
+                start_at = await wait_for_start_time(cfg.start_file)
+            if start_at is not None:
+                await anyio.sleep(max(0.0, start_at - time.time()))
+            self._set_phase("training")
+            with anyio.move_on_after(cfg.duration if cfg.duration is not None else float("inf")):
+                await train(self.trainer, Pacing(cfg.slowdown, cfg.step_time_ms), self.stats, eval_every=cfg.eval_every, on_eval=self._on_eval)
+            tg.cancel_scope.cancel()
+
+    def _set_phase(self, phase: str) -> None:
+        self.phase = phase
+        self.write_status()  # at once: a benchmark waits for every peer to be "waiting"
+
+    def _on_eval(self, evaluation: Evaluation) -> None:
+        self.last_eval = evaluation.metrics
+        # Stamped when the model was copied: an evaluation on a busy machine may finish much later.
+        record = {"t": evaluation.t, "samples": evaluation.samples, "weight": evaluation.weight, **evaluation.metrics,
+                  "exchanges": self.averager.outcomes["merged"]}
+        with self._metrics_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.config.record_params:
+            state = self.trainer.snapshot().state
+            self.param_history.append((time.time(), torch.cat([t.flatten() for t in state.values()])))
+
+    def _restore(self) -> Path | None:
+        found = load_latest(self.config.data_dir / CHECKPOINT_DIR)
+        if found is None:
+            return None
+        state, path = found
+        try:
+            self.trainer.restore(state)
+        except (ValueError, KeyError, RuntimeError) as exc:
+            log.warning("not resuming from %s: %s", path, exc)
+            return None
+        log.info("resumed from %s (weight %.0f, %d samples)", path.name, self.trainer.weight, self.trainer.samples)
+        return path
+
+    async def save_checkpoint(self) -> Path:
+        state = await anyio.to_thread.run_sync(self.trainer.checkpoint_state)
+        return await anyio.to_thread.run_sync(save_checkpoint, self.config.data_dir / CHECKPOINT_DIR, state)
+
+    async def _checkpoint_periodically(self) -> None:
+        while True:
+            await anyio.sleep(self.config.checkpoint_every)
+            await self.save_checkpoint()
+
+    async def _report_status(self) -> None:
+        while True:
+            status = self.write_status()
+            self.metrics.update(status, list(self.averager.recent), self.traffic)
+            await anyio.sleep(STATUS_INTERVAL)
+
+    @asynccontextmanager
+    async def _metrics_endpoint(self) -> AsyncIterator[None]:
+        """Serve this node's Prometheus metrics for the context, if `metrics_port` is set."""
+        if self.config.metrics_port is None:
+            yield
+            return
+        async with serve_metrics(self.metrics.registry, self.config.metrics_host, self.config.metrics_port) as url:
+            self.metrics_url = url
+            print(f"murmur: metrics at {url}", flush=True)
+            yield
+
+    def status(self) -> dict:
+        now = time.monotonic()
+        elapsed = self.stats.elapsed(now)
+        merged = [o for o in self.averager.recent if o.result == "merged"]
+        return {
+            "peer_id": self.peer_id,
+            "addrs": self.transport.addresses(),
+            "task": self.trainer.task.name,
+            "device": str(self.trainer.device),
+            "t": time.time(),
+            "phase": self.phase,
+            "uptime_s": elapsed,
+            "samples": self.trainer.samples,
+            "samples_per_s": self.trainer.samples / elapsed if elapsed else 0.0,
+            "weight": self.trainer.weight,
+            "loss": self.trainer.last_loss,
+            "eval": self.last_eval,
+            "exchanges": dict(self.averager.outcomes),
+            "recent_exchanges": [asdict(o) for o in list(self.averager.recent)[-8:]],
+            "mean_exchange_s": sum(o.duration_s for o in merged) / len(merged) if merged else None,
+            "bytes_sent": self.averager.bytes_sent,
+            "known_peers": len(self.table.members),
+            "peers": sorted(self.table.members),
+            "compute_fraction": self.stats.compute_fraction(now),
+            "eval_fraction": self.stats.eval_s / elapsed if elapsed else 0.0,
+            "pid": os.getpid(),
+            "status_interval": STATUS_INTERVAL,
+            "bytes_in": sum(self.traffic.received.values()),  # all Murmur streams, not only parameters
+            "bytes_out": sum(self.traffic.sent.values()),
+            "partner_distance": self.averager.last_partner_distance,
+            "metrics_url": self.metrics_url,
+        }
+
+    def write_status(self) -> dict:
+        """Write `status()` to the data dir's status.json (atomically) and return it."""
+        status = self.status()
+        _write_atomic(self.config.data_dir / STATUS_FILE, json.dumps(status, indent=1))
+        return status
+
+
+async def wait_for_start_time(path: Path) -> float:
+    """The Unix time written to `path`, once the file exists and holds one (polled; waits until cancelled).
+
+    Write it atomically (rename a finished file into place) so that no half-written time is read.
+    """
+    while True:
+        try:
+            return float(path.read_text())
+        except (OSError, ValueError):
+            await anyio.sleep(START_FILE_POLL_S)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def build_transport(config: NodeConfig, key_pair: KeyPair, bans: BanList) -> GuardedTransport:
+    """The node's libp2p transport behind its allow-list, swarm secret, bans and limits."""
+    inner = Libp2pTransport(
+        key_pair, max_connections=config.max_connections,
+        announce=config.announce, relays=config.relays, relay_service=config.relay_service,
+    )
+    guarded = GuardedTransport(
+        inner,
+        allow=load_allow_list(config.allow_peers) if config.allow_peers else None,
+        secret=load_secret(config.swarm_secret_file) if config.swarm_secret_file else None,
+        bans=bans,
+    )
+    relay_ids = inner.relay.relay_ids()
+    # Our relays may connect even when not allowed to take part: the reservation needs the connection.
+    inner.gate_connections(lambda peer: None if peer in relay_ids else guarded.refusal(peer))
+    return guarded
+
+
+def build_node(config: NodeConfig, key_pair: KeyPair) -> Node:
+    """A libp2p node for `config`, with its ban list kept in the data dir."""
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    bans = BanList(config.data_dir / BANS_FILE)
+    transport = build_transport(config, key_pair, bans)
+    assert isinstance(transport.inner, Libp2pTransport)
+    return Node(config, transport, bans, listen_addresses=transport.inner.listen_addresses)

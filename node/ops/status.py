@@ -1,0 +1,187 @@
+"""`murmur status`: show a running node's state from the status.json it writes, or check its health.
+
+Reads only the file the node writes every `status_interval` seconds (no network, no
+torch), so it is cheap enough for a container's HEALTHCHECK:
+`murmur status --data-dir /data --health` exits 0 if the node is alive, else prints why and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+STATUS_FILE = "status.json"  # written by node.ops.node (which imports it from here: this module stays torch-free)
+MAX_STALENESS_S = 30.0
+
+
+class StatusUnavailable(Exception):
+    """No readable status: the message says which file and why, in one line."""
+
+
+def default_data_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """`MURMUR_DATA_DIR` if set (as `murmur run` reads it), else ~/.murmur."""
+    return Path(environ.get("MURMUR_DATA_DIR", "~/.murmur")).expanduser()
+
+
+def load_status(data_dir: Path) -> dict[str, Any]:
+    """The node's last status; raises `StatusUnavailable` if the file is missing, unreadable or not a status."""
+    path = data_dir / STATUS_FILE
+    try:
+        status = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise StatusUnavailable(f"no status file at {path}: is a node running with --data-dir {data_dir}?") from None
+    except OSError as exc:
+        raise StatusUnavailable(f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise StatusUnavailable(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(status, dict) or not isinstance(status.get("t"), int | float):
+        raise StatusUnavailable(f"{path} is not a Murmur status file (no timestamp)")
+    return status
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this PID exists (signal 0 checks without sending anything)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, but belongs to another user
+        return True
+    return True
+
+
+def unhealthy_reason(status: dict[str, Any], now: float, alive: bool | None = None) -> str | None:
+    """Why the node that wrote `status` is not healthy at Unix time `now`, or None if it is.
+
+    Healthy: the status was written within 3 write intervals (at most 30 s) and its
+    process is alive (`alive`, or checked by PID when None).
+    """
+    interval = float(status.get("status_interval") or 1.0)
+    limit = min(3 * interval, MAX_STALENESS_S)
+    age = now - float(status["t"])
+    pid = status.get("pid")
+    if alive is None:
+        alive = isinstance(pid, int) and pid_alive(pid)
+    if not alive:
+        return f"node process {pid} is not running (status last written {age:.0f}s ago)"
+    if age > limit:
+        return f"status is stale: last written {age:.1f}s ago (limit {limit:g}s)"
+    return None
+
+
+def _finite(value: Any) -> Any:
+    """`value` with NaN and infinities as None: the node writes NaN before its first step, which strict JSON lacks."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _num(value: Any, spec: str = ".4g") -> str:
+    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
+def _bytes(n: Any) -> str:
+    if not isinstance(n, int | float):
+        return "—"
+    if n < 1024:
+        return f"{n:.0f} B"
+    for unit in ("KiB", "MiB"):
+        n /= 1024
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1024:.1f} GiB"
+
+
+def render(status: dict[str, Any], now: float, console: Console) -> None:
+    """Print `status` as a summary table, the exchange counts and the recent exchanges."""
+    reason = unhealthy_reason(status, now)
+    summary = Table(show_header=False, box=None, pad_edge=False)
+    summary.add_column(style="bold")
+    summary.add_column()
+    summary.add_row("peer ID", str(status.get("peer_id", "?")))
+    summary.add_row(
+        "state",
+        f"[red]{reason}[/red]"
+        if reason
+        else f"[green]running[/green] (pid {status.get('pid')}, updated {now - status['t']:.1f}s ago)",
+    )
+    summary.add_row("addresses", "\n".join(status.get("addrs") or []) or "—")
+    summary.add_row("task", f"{status.get('task', '?')} on {status.get('device', '?')}")
+    summary.add_row("samples/s", f"{_num(status.get('samples_per_s'), '.0f')} ({status.get('samples', 0)} samples)")
+    evaluation = ", ".join(f"{k} {_num(v)}" for k, v in (status.get("eval") or {}).items())
+    summary.add_row("loss", f"{_num(status.get('loss'))}" + (f" · held-out {evaluation}" if evaluation else ""))
+    summary.add_row("work weight", _num(status.get("weight"), ".0f"))
+    summary.add_row("known peers", str(status.get("known_peers", 0)))
+    exchanges = status.get("exchanges") or {}
+    summary.add_row("exchanges", ", ".join(f"{k} {v}" for k, v in sorted(exchanges.items())) or "none yet")
+    summary.add_row("partner distance", _num(status.get("partner_distance")))
+    summary.add_row("traffic", f"in {_bytes(status.get('bytes_in'))} · out {_bytes(status.get('bytes_out'))}")
+    if status.get("metrics_url"):
+        summary.add_row("metrics", status["metrics_url"])
+    console.print(summary)
+    recent = status.get("recent_exchanges") or []
+    if recent:
+        table = Table(title="recent exchanges (newest first)", title_justify="left")
+        for column in ("partner", "outcome", "reason", "duration"):
+            table.add_column(column, overflow="fold")
+        for ex in reversed(recent):
+            partner = ex.get("partner") or "—"
+            table.add_row(
+                f"…{partner[-8:]}" if len(partner) > 8 else partner,
+                ex.get("result", "?"),
+                ex.get("reason", ""),
+                f"{ex.get('duration_s', 0.0):.3f}s",
+            )
+        console.print(table)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="murmur status", description="Show a running node's state (from its data dir)."
+    )
+    parser.add_argument(
+        "--data-dir", type=Path, default=None, help="the node's data dir (default $MURMUR_DATA_DIR or ~/.murmur)"
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--json", action="store_true", help="print the node's status as JSON")
+    mode.add_argument(
+        "--health",
+        action="store_true",
+        help="exit 0 if the node is alive and its status fresh, else print why and exit 1",
+    )
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    """Run `murmur status` with `argv`; return the exit status (1: no status, or unhealthy with --health)."""
+    args = build_parser().parse_args(argv)
+    data_dir = args.data_dir.expanduser() if args.data_dir else default_data_dir()
+    try:
+        status = load_status(data_dir)
+    except StatusUnavailable as exc:
+        print(f"murmur status: {exc}", file=sys.stderr if not args.health else sys.stdout)
+        return 1
+    now = time.time()
+    if args.health:
+        reason = unhealthy_reason(status, now)
+        print(f"unhealthy: {reason}" if reason else "healthy")
+        return 1 if reason else 0
+    if args.json:
+        print(json.dumps(_finite(status), indent=1, allow_nan=False))
+        return 0
+    render(status, now, Console())
+    return 0

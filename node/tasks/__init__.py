@@ -1,9 +1,0 @@
-"""Built-in tasks and the task loader."""
-
-from node.tasks.charlm import CharLMTask
-from node.tasks.digits import DigitsTask
-from node.tasks.task import Batch, Metric, Task, UnknownTask, load_task
-
-BUILTIN_TASKS = {"digits": DigitsTask, "charlm": CharLMTask}
-
-__all__ = ["BUILTIN_TASKS", "Batch", "CharLMTask", "DigitsTask", "Metric", "Task", "UnknownTask", "load_task"]
