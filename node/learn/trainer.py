@@ -83,6 +83,7 @@ class Trainer:
         self.rule = rule if rule is not None else WorkRule()
         self.runtime = runtime
         self.exchanged = ExchangedTensors(self.model, self.optimizer, self.rule.optimizer_state)
+        self.rule.reset(self.exchanged)  # a stateful rule starts from the initial model
         self.spec = TensorSpec.of(self.exchanged)
         self.architecture = " ".join(type(m).__name__ for m in self.model.modules())
         self._batches = task.train_batches(shard)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from node.learn.rules.rule import MergeDelta, MergeRule, MixDecision, newcomer_decision
+from node.learn.rules.outer import OuterRule
 from node.learn.rules.uniform import UniformRule
 from node.learn.rules.work import WorkRule
 
-RULES: dict[str, type[MergeRule]] = {rule.name: rule for rule in (UniformRule, WorkRule)}
+RULES: dict[str, type[MergeRule]] = {rule.name: rule for rule in (UniformRule, WorkRule, OuterRule)}
 
 
 def make_rule(name: str) -> MergeRule:
@@ -16,4 +17,4 @@ def make_rule(name: str) -> MergeRule:
     return RULES[name]()
 
 
-__all__ = ["RULES", "MergeDelta", "MergeRule", "MixDecision", "make_rule", "newcomer_decision"]
+__all__ = ["RULES", "MergeDelta", "MergeRule", "MixDecision", "OuterRule", "UniformRule", "WorkRule", "make_rule", "newcomer_decision"]
