@@ -37,7 +37,7 @@ def test_flags_beat_environment_beats_file_beats_defaults(parser: argparse.Argum
     assert args.average_every == 0.25  # environment over file
     assert args.bootstrap == [BOOT_A, BOOT_B]  # a list from one variable
     assert args.exchange_timeout == 3.0 and isinstance(args.exchange_timeout, float)  # file, underscore key
-    assert args.no_state_sync is True
+    assert args.sync_state is False  # `no-state-sync = true`
     assert args.data_dir == Path.home() / "murmur-data"  # `~` expanded: no shell saw it
     assert args.liveness_timeout == 10.0  # default
 
