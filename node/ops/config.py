@@ -174,7 +174,7 @@ class NodeConfig:
                                            "(status phase 'waiting' meanwhile)", metavar="FILE")
     checkpoint_every: float = option(30.0, "checkpoint this often (and on exit)", metavar="SECONDS")
     catch_up_ratio: float = 1.0  # a resumed node adopts a peer's model carrying at least this many times its work
-    record_params: bool = option(False, "save the parameters at every evaluation (benchmarks)")
+    record_params: bool = option(False, "save the parameters at every evaluation (benchmarks)")  # to params.pt, on exit
     allow_peers: Path | None = option(None, "only these peer IDs (one per line) may connect", metavar="FILE")
     swarm_secret_file: Path | None = option(None, "shared secret that Murmur streams must prove", metavar="FILE")
     max_connections: int = option(300, "connection limit (inbound + outbound)")
