@@ -2,12 +2,23 @@
 
 import argparse
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from node.ops.cli import build_run_parser, main
-from node.ops.config import ConfigError, env_name, resolve_options
+from node.ops.config import (
+    DEFAULT_DATA_DIR,
+    ConfigError,
+    NodeConfig,
+    RunOptions,
+    add_options,
+    env_name,
+    option,
+    resolve_options,
+    run_settings,
+)
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -37,7 +48,7 @@ def test_flags_beat_environment_beats_file_beats_defaults(parser: argparse.Argum
     assert args.average_every == 0.25  # environment over file
     assert args.bootstrap == [BOOT_A, BOOT_B]  # a list from one variable
     assert args.exchange_timeout == 3.0 and isinstance(args.exchange_timeout, float)  # file, underscore key
-    assert args.no_state_sync is True
+    assert args.sync_state is False  # `no-state-sync = true`
     assert args.data_dir == Path.home() / "murmur-data"  # `~` expanded: no shell saw it
     assert args.liveness_timeout == 10.0  # default
 
@@ -63,9 +74,14 @@ def test_every_run_option_is_explained_and_configurable(parser: argparse.Argumen
         name = action.option_strings[-1]
         assert action.help and len(action.help) > 10, f"{name} has no help text"
         assert f"`{name}" in readme, f"{name} is missing from README.md's option table"
-    # An option added to the parser later is settable with no change to the config layer.
+    # A setting added later as an `option` field is a flag, a variable and a key with no other change.
+    @dataclass
+    class Later:
+        made_up_size: int = option(8, "an option added later")
+
     extended = build_run_parser()
-    extended.add_argument("--made-up-size", type=int, default=8, help="an option added later")
+    add_options(extended, (Later,))
+    assert resolve_options(extended, [], {}).made_up_size == 8
     assert env_name("made-up-size") == "MURMUR_MADE_UP_SIZE"
     assert resolve_options(extended, [], {"MURMUR_MADE_UP_SIZE": "12"}).made_up_size == 12
     assert resolve_options(extended, ["--config", str(_toml(tmp_path, "made_up_size = 5\n"))], {}).made_up_size == 5
@@ -116,3 +132,120 @@ def test_the_readme_example_config_is_valid(parser: argparse.ArgumentParser, tmp
         parser, ["--config", str(_toml(tmp_path, example.group(1)))], {"MURMUR_METRICS_PORT": "9200"}
     )
     assert (args.data_dir, args.metrics_port, args.log_format) == (Path("/data"), 9200, "json")
+
+
+BOOT_C = "/ip4/10.0.0.4/tcp/4001/p2p/12D3KooWBfiGnSaqW85bxxy8GnoQQJ4S9mBd7aWwazfrGtgEmEMh"
+RELAY = "/ip4/10.0.0.9/tcp/4001/p2p/12D3KooWMWEragtfmqe1iTDRvGnW7rd7RcskWi1wkUtUepsQPiYs"
+
+
+def _settings(argv: list[str], env: dict[str, str] | None = None) -> tuple[NodeConfig, RunOptions]:
+    return run_settings(resolve_options(build_run_parser(), argv, env or {}))
+
+
+def test_every_option_defaults_to_its_field_default(parser: argparse.ArgumentParser) -> None:
+    defaults = {**vars(NodeConfig()), **vars(RunOptions())}
+    options = [a for a in parser._actions if a.option_strings and a.dest != "help"]
+    assert {a.dest for a in options} <= set(defaults)
+    for action in options:
+        assert action.default == defaults[action.dest], action.option_strings
+    assert _settings([]) == (NodeConfig(), RunOptions())
+    assert NodeConfig().data_dir == DEFAULT_DATA_DIR and NodeConfig().listen == ["/ip4/0.0.0.0/tcp/0"]
+
+
+def test_settings_from_flags_equal_the_hand_built_ones(tmp_path: Path) -> None:
+    argv = [
+        "--data-dir", str(tmp_path), "--task", "charlm", "--run-id", "r1", "--listen", "/ip4/127.0.0.1/tcp/4001",
+        "--listen", "/ip4/127.0.0.1/tcp/4002", "--bootstrap", BOOT_A, "--announce", "/ip4/203.0.113.7/tcp/4001",
+        "--relay", RELAY, "--relay-service", "--addr-file", str(tmp_path / "addrs"), "--slowdown", "2",
+        "--step-time", "20", "--weighting", "uniform", "--average-every", "0.5", "--exchange-timeout", "3",
+        "--liveness-timeout", "4", "--view-size", "0", "--eval-every", "2", "--duration", "60", "--shard", "7",
+        "--no-state-sync", "--start-at", "1700000000", "--start-file", str(tmp_path / "go"), "--checkpoint-every", "5",
+        "--record-params", "--allow-peers", str(tmp_path / "peers"), "--swarm-secret-file", str(tmp_path / "secret"),
+        "--max-connections", "50", "--wire-dtype", "int8", "--device", "cpu", "--mixed-precision",
+        "--metrics-port", "9100", "--metrics-host", "0.0.0.0", "--threads", "2", "--log-level", "debug",
+        "--log-format", "json",
+    ]  # fmt: skip
+    config, options = _settings(argv)
+    assert config == NodeConfig(
+        data_dir=tmp_path, task="charlm", run_id="r1", listen=["/ip4/127.0.0.1/tcp/4001", "/ip4/127.0.0.1/tcp/4002"],
+        bootstrap=[BOOT_A], announce=["/ip4/203.0.113.7/tcp/4001"], relays=[RELAY], relay_service=True,
+        addr_file=tmp_path / "addrs", slowdown=2.0, step_time_ms=20.0, weighting="uniform", average_every=0.5,
+        exchange_timeout=3.0, liveness_timeout=4.0, view_size=None, eval_every=2.0, duration=60.0, shard=7,
+        sync_state=False, start_at=1700000000.0, start_file=tmp_path / "go", checkpoint_every=5.0, record_params=True,
+        allow_peers=tmp_path / "peers", swarm_secret_file=tmp_path / "secret", max_connections=50, wire_dtype="int8",
+        device="cpu", mixed_precision=True, metrics_port=9100, metrics_host="0.0.0.0", threads=2,
+    )  # fmt: skip
+    assert options == RunOptions(log_level="DEBUG", log_format="json")
+
+
+def test_renamed_and_inverted_options_layer_like_the_others(tmp_path: Path) -> None:
+    config = _toml(tmp_path, f'step-time = 5\nrelay = ["{RELAY}"]\nview_size = 0\nno-state-sync = true\nthreads = 3\n')
+    env = {"MURMUR_STEP_TIME": "7", "MURMUR_NO_STATE_SYNC": "false", "MURMUR_CONFIG": str(config)}
+    node, options = _settings(["--threads", "1"], env)
+    assert (node.step_time_ms, node.sync_state, node.threads) == (7.0, True, 1)  # environment over file; flag over all
+    assert (node.relays, node.view_size, options.config) == ([RELAY], None, config)  # from the file
+    assert _settings(["--view-size", "5"], {"MURMUR_VIEW_SIZE": "0"})[0].view_size == 5
+
+
+def test_an_empty_list_keeps_the_default_listen_address(tmp_path: Path) -> None:
+    assert _settings([], {"MURMUR_LISTEN": ""})[0].listen == ["/ip4/0.0.0.0/tcp/0"]
+    assert _settings(["--config", str(_toml(tmp_path, "listen = []\n"))])[0].listen == ["/ip4/0.0.0.0/tcp/0"]
+    assert _settings([], {"MURMUR_BOOTSTRAP": ""})[0].bootstrap == []
+
+
+# A murmur.toml written before the options were generated from the settings: every documented key.
+EVERY_KEY_TOML = f"""
+task = "digits"
+run-id = "swarm-1"
+data-dir = "/data"
+listen = ["/ip4/0.0.0.0/tcp/4001"]
+bootstrap = ["{BOOT_C}"]
+addr-file = "/data/addrs.txt"
+announce = ["/ip4/203.0.113.7/tcp/4001"]
+relay = ["{RELAY}"]
+relay-service = true
+slowdown = 1.5
+step-time = 20
+weighting = "uniform"
+average-every = 0.2
+exchange_timeout = 5
+liveness-timeout = 12
+view-size = 0
+eval-every = 2
+duration = 600
+shard = 3
+no-state-sync = true
+checkpoint-every = 60
+allow-peers = "/data/peers.txt"
+swarm-secret-file = "/data/secret"
+wire-dtype = "bfloat16"
+max-connections = 100
+start-at = 1700000000
+start-file = "/data/start"
+record-params = false
+log-level = "warning"
+log_format = "json"
+metrics-port = 9100
+metrics-host = "0.0.0.0"
+device = "cpu"
+mixed-precision = false
+threads = 4
+"""
+
+
+def test_a_murmur_toml_with_every_documented_key_still_loads(tmp_path: Path) -> None:
+    table = README.read_text().split("| option | meaning |", 1)[1].split("\n\n", 1)[0]
+    documented = {name for name in re.findall(r"`--([a-z-]+)", table)} - {"config"}  # the file cannot name a file
+    keys = {line.split(" = ")[0].replace("_", "-") for line in EVERY_KEY_TOML.strip().splitlines()}
+    assert documented == keys
+    node, options = _settings(["--config", str(_toml(tmp_path, EVERY_KEY_TOML))])
+    assert node == NodeConfig(
+        data_dir=Path("/data"), task="digits", run_id="swarm-1", listen=["/ip4/0.0.0.0/tcp/4001"], bootstrap=[BOOT_C],
+        addr_file=Path("/data/addrs.txt"), announce=["/ip4/203.0.113.7/tcp/4001"], relays=[RELAY], relay_service=True,
+        slowdown=1.5, step_time_ms=20.0, weighting="uniform", average_every=0.2, exchange_timeout=5.0,
+        liveness_timeout=12.0, view_size=None, eval_every=2.0, duration=600.0, shard=3, sync_state=False,
+        checkpoint_every=60.0, allow_peers=Path("/data/peers.txt"), swarm_secret_file=Path("/data/secret"),
+        wire_dtype="bfloat16", max_connections=100, start_at=1700000000.0, start_file=Path("/data/start"),
+        metrics_port=9100, metrics_host="0.0.0.0", device="cpu", threads=4,
+    )  # fmt: skip
+    assert (options.log_level, options.log_format) == ("WARNING", "json")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import gc
 import logging
 import os
@@ -13,9 +14,9 @@ from pathlib import Path
 
 import anyio
 
-from node.ops.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
+from node.ops.config import DEFAULT_DATA_DIR, ConfigError, add_options, resolve_options, run_settings
+from node.ops.logs import configure_logging
 
-DEFAULT_DATA_DIR = Path.home() / ".murmur"
 RUN_EPILOG = (
     "Every option can also be set as an environment variable MURMUR_<OPTION> (e.g. MURMUR_BOOTSTRAP, "
     "MURMUR_METRICS_PORT; repeatable options take a comma- or space-separated list, flags true or false) "
@@ -24,127 +25,17 @@ RUN_EPILOG = (
 )
 
 
-def _add_run_options(p: argparse.ArgumentParser) -> None:
-    from node.learn.rules import RULES
-    from protocol.messages import WIRE_DTYPE_NAMES
-
-    p.add_argument("--task", default="digits", help="built-in task (digits, charlm) or package.module:factory")
-    p.add_argument("--run-id", default=None, help="swarm run id; peers only pair within one run (default: the task name)")
-    p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="identity key, status and metrics (default ~/.murmur)")
-    p.add_argument("--listen", action="append", default=None, metavar="MULTIADDR", help="listen address, repeatable (default /ip4/0.0.0.0/tcp/0)")
-    p.add_argument("--bootstrap", action="append", default=[], type=_bootstrap_addr, metavar="MULTIADDR", help="a peer to join through: /ip4/…/tcp/…/p2p/<id>, repeatable")
-    p.add_argument("--addr-file", type=Path, default=None, help="write the listening (then announced) addresses here, one per line")
-    p.add_argument("--announce", action="append", default=[], type=_announce_addr, metavar="MULTIADDR",
-                   help="public address peers should dial instead of the listen addresses (port mapping, NAT), repeatable")
-    p.add_argument("--relay", action="append", default=[], type=_relay_addr, metavar="MULTIADDR",
-                   help="circuit-relay v2 peer (/ip4/…/tcp/…/p2p/<id>) to reserve a slot on when this node cannot be "
-                        "dialed directly; it is then reached at <relay>/p2p-circuit/p2p/<own id>, repeatable")
-    p.add_argument("--relay-service", action="store_true", help="relay (circuit v2 hop) for peers behind NAT, within fixed limits")
-    p.add_argument("--slowdown", type=float, default=1.0, help="emulate a device S times slower (sleep (S-1) x compute after each step)")
-    p.add_argument("--step-time", type=float, default=None, metavar="MS", help="pad every step to S x MS ms per 32 samples")
-    p.add_argument("--weighting", choices=sorted(RULES), default="work", help="how to weight the two models of a merge")
-    p.add_argument("--average-every", type=float, default=0.1, metavar="SECONDS", help="seconds between averaging attempts")
-    p.add_argument("--exchange-timeout", type=float, default=10.0, metavar="SECONDS", help="give up an exchange after this long")
-    p.add_argument("--liveness-timeout", type=float, default=10.0, metavar="SECONDS", help="drop peers silent for this long")
-    p.add_argument("--view-size", type=_view_size, default=32, metavar="N", help="peers kept in the membership view, a rotating sample of the swarm (0: all)")
-    p.add_argument("--eval-every", type=float, default=1.0, metavar="SECONDS", help="evaluate on held-out data this often")
-    p.add_argument("--duration", type=float, default=None, metavar="SECONDS", help="stop after this many seconds of training")
-    p.add_argument("--shard", type=int, default=None, help="data shard / seed (default: derived from the peer id)")
-    p.add_argument("--no-state-sync", action="store_true", help="do not pull the swarm's model before the first step")
-    p.add_argument("--checkpoint-every", type=float, default=30.0, metavar="SECONDS", help="checkpoint this often (and on exit)")
-    p.add_argument("--allow-peers", type=Path, default=None, metavar="FILE", help="only these peer IDs (one per line) may connect")
-    p.add_argument("--swarm-secret-file", type=Path, default=None, metavar="FILE", help="shared secret that Murmur streams must prove")
-    p.add_argument("--wire-dtype", choices=WIRE_DTYPE_NAMES, default="float32", help="dtype parameters travel in when this node starts an exchange or state sync: float32 (exact), bfloat16/float16 (half the bytes), int8 (a quarter, per-tensor scale)")
-    p.add_argument("--max-connections", type=int, default=300, help="connection limit (inbound + outbound)")
-    p.add_argument("--start-at", type=float, default=None, metavar="UNIX_TIME", help="join first, start training at this time")
-    p.add_argument("--start-file", type=Path, default=None, metavar="FILE",
-                   help="join first, then wait until FILE holds a Unix time and start training then (status phase 'waiting' meanwhile)")
-    p.add_argument("--record-params", action="store_true", help="save the parameters at every evaluation (benchmarks)")
-    p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default="INFO", help="log records this severe and worse (default INFO)")
-    p.add_argument("--log-format", choices=LOG_FORMATS, default="text", help="text: readable lines; json: one JSON object per line (time, level, logger, message, peer)")
-    p.add_argument("--metrics-port", type=_port, default=None, metavar="PORT", help="serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port; default off)")
-    p.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST", help="address the metrics endpoint binds to (default 127.0.0.1; 0.0.0.0 for all)")
-    p.add_argument("--config", type=Path, default=None, metavar="FILE", help="TOML file of options (see below); flags and MURMUR_* variables override it")
-    p.add_argument("--device", type=_device_syntax, default="auto", metavar="DEVICE",
-                   help="auto, cpu, cuda, cuda:N or mps; auto = cuda if available, else mps, else cpu (default auto)")
-    p.add_argument("--mixed-precision", action="store_true", help="bf16 autocast for forward pass and loss (CUDA only)")
-    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch threads for training (default: torch's own, usually one per core)")
-
-
-def _device_syntax(spec: str) -> str:
-    from node.learn.device import DeviceError, check_device_syntax
-
-    try:
-        return check_device_syntax(spec)
-    except DeviceError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _announce_addr(text: str) -> str:
-    import multiaddr
-
-    try:
-        multiaddr.Multiaddr(text)
-    except Exception as exc:
-        raise argparse.ArgumentTypeError(f"not a multiaddr: {text!r} ({exc})") from None
-    if "/p2p-circuit" in text:
-        raise argparse.ArgumentTypeError(f"{text!r} is a relay circuit: use --relay <relay address> instead")
-    return text
-
-
-def _bootstrap_addr(text: str) -> str:
-    import multiaddr
-    from libp2p.peer.id import ID
-
-    from node.net.membership import parse_bootstrap
-
-    try:
-        peer_id, _ = parse_bootstrap(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    try:
-        multiaddr.Multiaddr(text)
-        ID.from_base58(peer_id)
-    except Exception as exc:  # the libraries raise assorted types for bad input
-        raise argparse.ArgumentTypeError(f"bootstrap address {text!r} is not a valid multiaddr with a peer id ({exc})") from None
-    return text
-
-
-def _relay_addr(text: str) -> str:
-    from node.net.relay import split_peer
-
-    try:
-        split_peer(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
-def _port(text: str) -> int:
-    port = int(text)
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"port {port} is not in 0-65535")
-    return port
-
-
-def _view_size(text: str) -> int:
-    size = int(text)
-    if size < 0:
-        raise argparse.ArgumentTypeError(f"view size {size} is negative (0 keeps every peer)")
-    return size
-
-
 def build_run_parser() -> argparse.ArgumentParser:
     """`murmur run` alone: the options that flags, MURMUR_* variables and --config files set."""
     parser = argparse.ArgumentParser(prog="murmur run", description="Run a Murmur peer (the daemon).", epilog=RUN_EPILOG)
-    _add_run_options(parser)
+    add_options(parser)
     return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="murmur", description="Decentralized gossip training of PyTorch models.")
     sub = parser.add_subparsers(dest="command", required=True)
-    _add_run_options(sub.add_parser("run", help="run a peer (the daemon)"))
+    add_options(sub.add_parser("run", help="run a peer (the daemon)"))
     demo = sub.add_parser("demo", help="run a local swarm of emulated heterogeneous peers")
     demo.add_argument("--peers", type=int, default=4)
     demo.add_argument("--slowdowns", default="1,1,2,4", help="comma-separated slowdown per peer (cycled)")
@@ -200,30 +91,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     from node.learn.device import DeviceError, check_mixed_precision, resolve_device
     from node.net.identity import load_or_create_identity, peer_id_of
     from node.ops.metrics import MetricsUnavailable
-    from node.ops.node import NodeConfig
 
+    config, options = run_settings(args)
     try:  # before anything else, so a wrong device costs one line and no half-started node
-        device = resolve_device(args.device)
-        if args.mixed_precision:
+        device = resolve_device(config.device)
+        if config.mixed_precision:
             check_mixed_precision(device)
     except DeviceError as exc:
         print(f"murmur run: error: {exc}", file=sys.stderr)
         return 2
     release_big_buffers_promptly()
-    key_pair = load_or_create_identity(args.data_dir)
-    configure_logging(args.log_level, peer_id_of(key_pair), args.log_format)
-    config = NodeConfig(
-        data_dir=args.data_dir, task=args.task, run_id=args.run_id, listen=args.listen or ["/ip4/0.0.0.0/tcp/0"],
-        bootstrap=args.bootstrap, announce=args.announce, relays=args.relay, relay_service=args.relay_service,
-        addr_file=args.addr_file, slowdown=args.slowdown, step_time_ms=args.step_time,
-        weighting=args.weighting, average_every=args.average_every, exchange_timeout=args.exchange_timeout,
-        liveness_timeout=args.liveness_timeout, view_size=args.view_size or None, eval_every=args.eval_every, duration=args.duration,
-        shard=args.shard, sync_state=not args.no_state_sync, start_at=args.start_at, start_file=args.start_file, record_params=args.record_params,
-        checkpoint_every=args.checkpoint_every, allow_peers=args.allow_peers,
-        swarm_secret_file=args.swarm_secret_file, max_connections=args.max_connections, wire_dtype=args.wire_dtype,
-        device=str(device), mixed_precision=args.mixed_precision,
-        metrics_port=args.metrics_port, metrics_host=args.metrics_host, threads=args.threads,
-    )
+    key_pair = load_or_create_identity(config.data_dir)
+    configure_logging(options.log_level, peer_id_of(key_pair), options.log_format)
+    config = dataclasses.replace(config, device=str(device))
     unavailable: BaseException | None = None
     # Modules and start-up objects live as long as the process: keep full collections from rescanning them.
     gc.freeze()
@@ -241,8 +121,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_args(argv: list[str]) -> argparse.Namespace:
     """`murmur run`'s options from flags, MURMUR_* variables and --config; exits 2 on a bad setting."""
-    from node.ops.config import ConfigError, resolve_options
-
     parser = build_run_parser()
     try:
         args = resolve_options(parser, argv, os.environ)

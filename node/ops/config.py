@@ -1,11 +1,17 @@
-"""Where `murmur run` takes its settings from: flags > `MURMUR_*` environment > TOML file > defaults.
+"""`murmur run`'s settings, defined once, and where they come from: flags > `MURMUR_*` environment > TOML file > defaults.
 
-The layer is generic: it reads the argparse parser's own options, so every long option
-(including ones added later) is settable as `MURMUR_<OPTION>` (`--average-every` →
-`MURMUR_AVERAGE_EVERY`) and as a key of the `--config` TOML file (`average-every` or
-`average_every`). Values go through the option's own `type` and `choices`; repeatable
-options take a TOML list or a comma- or space-separated string; flags take true/false.
-Anything unknown or invalid raises `ConfigError` naming the key.
+Each setting is one dataclass field: `NodeConfig` holds the node's, `RunOptions` the process's
+(its logging and the config file). The field's `option(...)` gives its default, help and parsing;
+`add_options` generates the `murmur run` parser from the fields (long option named like the field,
+or `flag`; destination = the field name) and `run_settings` builds the dataclasses back from the
+parsed namespace. A flag, its help, its `MURMUR_*` variable, its TOML key and its default therefore
+come from one place; a field without `option` (e.g. `gossip_every`) is not on the command line.
+
+The layering is generic over a parser: every long option (including ones added later) is settable
+as `MURMUR_<OPTION>` (`--average-every` → `MURMUR_AVERAGE_EVERY`) and as a key of the `--config`
+TOML file (`average-every` or `average_every`). Values go through the option's own `type` and
+`choices`; repeatable options take a TOML list or a comma- or space-separated string; flags take
+true/false. Anything unknown or invalid raises `ConfigError` naming the key.
 """
 
 from __future__ import annotations
@@ -14,18 +20,244 @@ import argparse
 import difflib
 import re
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_origin, get_type_hints
+
+from node.ops.logs import LOG_FORMATS, LOG_LEVELS
+from protocol.messages import WIRE_DTYPE_NAMES
 
 ENV_PREFIX = "MURMUR_"
 CONFIG_OPTION = "config"  # names the file; not itself settable from the file
+DEFAULT_DATA_DIR = Path.home() / ".murmur"
+DEFAULT_LISTEN = "/ip4/0.0.0.0/tcp/0"
+_OPTION = "option"  # the dataclass field metadata key
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
 class ConfigError(ValueError):
     """A setting from the environment or the config file is unknown or invalid; the message names it."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """How a dataclass field appears on the command line. The value type comes from the field's
+    annotation (`float | None` → float; `list[str]` → a repeatable option; `bool` → a flag that
+    sets the opposite of the default, so a field defaulting to true needs a negative `flag`)."""
+
+    help: str
+    flag: str | None = None  # long option name when not the field's (`relays` → `--relay`)
+    metavar: str | None = None
+    parse: Callable[[str], Any] | None = None  # argparse `type`, instead of the annotated type
+    choices: Callable[[], Collection[str]] | None = None  # called when a parser is built (may import)
+
+
+def option(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] | None = None, **how: Any) -> Any:
+    """A dataclass field that is a `murmur run` option (see `Option` for `how`)."""
+    metadata = {_OPTION: Option(help, **how)}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+# --- values that need more than their type; each imports what it checks with, when first used ---
+
+
+def _device_syntax(spec: str) -> str:
+    from node.learn.device import DeviceError, check_device_syntax
+
+    try:
+        return check_device_syntax(spec)
+    except DeviceError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _announce_addr(text: str) -> str:
+    import multiaddr
+
+    try:
+        multiaddr.Multiaddr(text)
+    except Exception as exc:
+        raise argparse.ArgumentTypeError(f"not a multiaddr: {text!r} ({exc})") from None
+    if "/p2p-circuit" in text:
+        raise argparse.ArgumentTypeError(f"{text!r} is a relay circuit: use --relay <relay address> instead")
+    return text
+
+
+def _bootstrap_addr(text: str) -> str:
+    import multiaddr
+    from libp2p.peer.id import ID
+
+    from node.net.membership import parse_bootstrap
+
+    try:
+        peer_id, _ = parse_bootstrap(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    try:
+        multiaddr.Multiaddr(text)
+        ID.from_base58(peer_id)
+    except Exception as exc:  # the libraries raise assorted types for bad input
+        raise argparse.ArgumentTypeError(f"bootstrap address {text!r} is not a valid multiaddr with a peer id ({exc})") from None
+    return text
+
+
+def _relay_addr(text: str) -> str:
+    from node.net.relay import split_peer
+
+    try:
+        split_peer(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is not in 0-65535")
+    return port
+
+
+def _view_size(text: str) -> int | None:
+    """0 keeps every peer: `None`, as `NodeConfig.view_size` has it."""
+    size = int(text)
+    if size < 0:
+        raise argparse.ArgumentTypeError(f"view size {size} is negative (0 keeps every peer)")
+    return size or None
+
+
+def _rule_names() -> list[str]:
+    from node.learn.rules import RULES  # imports torch: only once a parser is built
+
+    return sorted(RULES)
+
+
+# --- the settings ---------------------------------------------------------------------------------
+
+
+@dataclass
+class NodeConfig:
+    """Everything `murmur run` can set for its node; defaults suit a small local swarm."""
+
+    data_dir: Path = option(DEFAULT_DATA_DIR, "identity key, status and metrics (default ~/.murmur)")
+    task: str = option("digits", "built-in task (digits, charlm) or package.module:factory")
+    run_id: str | None = option(None, "swarm run id; peers only pair within one run (default: the task name)")
+    listen: list[str] = option(factory=lambda: [DEFAULT_LISTEN], metavar="MULTIADDR",
+                               help=f"listen address, repeatable (default {DEFAULT_LISTEN})")
+    bootstrap: list[str] = option(factory=list, parse=_bootstrap_addr, metavar="MULTIADDR",
+                                  help="a peer to join through: /ip4/…/tcp/…/p2p/<id>, repeatable")
+    announce: list[str] = option(factory=list, parse=_announce_addr, metavar="MULTIADDR",
+                                 help="public address peers should dial instead of the listen addresses (port mapping, NAT), repeatable")
+    relays: list[str] = option(factory=list, flag="relay", parse=_relay_addr, metavar="MULTIADDR",
+                               help="circuit-relay v2 peer (/ip4/…/tcp/…/p2p/<id>) to reserve a slot on when this node cannot be "
+                                    "dialed directly; it is then reached at <relay>/p2p-circuit/p2p/<own id>, repeatable")
+    relay_service: bool = option(False, "relay (circuit v2 hop) for peers behind NAT, within fixed limits")
+    addr_file: Path | None = option(None, "write the listening (then announced) addresses here, one per line")
+    slowdown: float = option(1.0, "emulate a device S times slower (sleep (S-1) x compute after each step)")
+    step_time_ms: float | None = option(None, "pad every step to S x MS ms per 32 samples", flag="step-time", metavar="MS")
+    weighting: str = option("work", "how to weight the two models of a merge", choices=_rule_names)
+    average_every: float = option(0.1, "seconds between averaging attempts", metavar="SECONDS")
+    exchange_timeout: float = option(10.0, "give up an exchange after this long", metavar="SECONDS")
+    gossip_every: float = 1.0
+    liveness_timeout: float = option(10.0, "drop peers silent for this long", metavar="SECONDS")
+    view_size: int | None = option(32, "peers kept in the membership view, a rotating sample of the swarm (0: all)",
+                                   parse=_view_size, metavar="N")  # None: every peer
+    eval_every: float = option(1.0, "evaluate on held-out data this often", metavar="SECONDS")
+    duration: float | None = option(None, "stop after this many seconds of training", metavar="SECONDS")
+    shard: int | None = option(None, "data shard / seed (default: derived from the peer id)")
+    sync_state: bool = option(True, "do not pull the swarm's model before the first step", flag="no-state-sync")
+    start_at: float | None = option(None, "join first, start training at this time", metavar="UNIX_TIME")
+    start_file: Path | None = option(None, "join first, then wait until FILE holds a Unix time and start training then "
+                                           "(status phase 'waiting' meanwhile)", metavar="FILE")
+    checkpoint_every: float = option(30.0, "checkpoint this often (and on exit)", metavar="SECONDS")
+    catch_up_ratio: float = 1.0  # a resumed node adopts a peer's model carrying at least this many times its work
+    record_params: bool = option(False, "save the parameters at every evaluation (benchmarks)")  # to params.pt, on exit
+    allow_peers: Path | None = option(None, "only these peer IDs (one per line) may connect", metavar="FILE")
+    swarm_secret_file: Path | None = option(None, "shared secret that Murmur streams must prove", metavar="FILE")
+    max_connections: int = option(300, "connection limit (inbound + outbound)")
+    wire_dtype: str = option("float32", "dtype parameters travel in when this node starts an exchange or state sync: "
+                                        "float32 (exact), bfloat16/float16 (half the bytes), int8 (a quarter, per-tensor scale)",
+                             choices=lambda: WIRE_DTYPE_NAMES)
+    device: str = option("auto", "auto, cpu, cuda, cuda:N or mps; auto = cuda if available, else mps, else cpu (default auto)",
+                         parse=_device_syntax, metavar="DEVICE")  # node.learn.device.resolve_device
+    mixed_precision: bool = option(False, "bf16 autocast for forward pass and loss (CUDA only)")
+    metrics_port: int | None = option(None, "serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port; default off)",
+                                      parse=_port, metavar="PORT")
+    metrics_host: str = option("127.0.0.1", "address the metrics endpoint binds to (default 127.0.0.1; 0.0.0.0 for all)",
+                               metavar="HOST")
+    threads: int | None = option(None, "torch threads for training (default: torch's own, usually one per core)", metavar="N")
+
+
+@dataclass
+class RunOptions:
+    """The settings of the `murmur run` process around its node: where they came from, and its log output."""
+
+    log_level: str = option("INFO", "log records this severe and worse (default INFO)", parse=str.upper,
+                            choices=lambda: LOG_LEVELS)
+    log_format: str = option("text", "text: readable lines; json: one JSON object per line (time, level, logger, message, peer)",
+                             choices=lambda: LOG_FORMATS)
+    config: Path | None = option(None, "TOML file of options (see below); flags and MURMUR_* variables override it", metavar="FILE")
+
+
+class _Repeatable(argparse._AppendAction):
+    """A repeatable option whose first use replaces the default list instead of adding to it."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:  # fmt: skip
+        items = getattr(namespace, self.dest, None)
+        items = [] if items is None or items is self.default else items
+        setattr(namespace, self.dest, [*items, values])
+
+
+def add_options(parser: argparse.ArgumentParser, settings: Sequence[type] = (NodeConfig, RunOptions)) -> None:
+    """Add an option to `parser` for every `option` field of the `settings` dataclasses."""
+    for cls in settings:
+        hints = get_type_hints(cls)
+        for f in fields(cls):
+            how: Option | None = f.metadata.get(_OPTION)
+            if how is None:
+                continue
+            default = f.default if f.default_factory is MISSING else f.default_factory()
+            kind, repeatable = _value_type(hints[f.name])
+            spec: dict[str, Any] = {"dest": f.name, "default": default, "help": how.help}
+            if kind is bool:
+                spec["action"] = "store_false" if default else "store_true"
+            else:
+                spec.update(type=how.parse or kind, metavar=how.metavar, action=_Repeatable if repeatable else "store")
+                if how.choices is not None:
+                    spec["choices"] = how.choices()
+            parser.add_argument("--" + (how.flag or f.name.replace("_", "-")), **spec)
+
+
+def _value_type(hint: Any) -> tuple[Any, bool]:
+    """The type one value of a field has, and whether the field is a list (a repeatable option)."""
+    if get_origin(hint) is list:
+        return get_args(hint)[0], True
+    kinds = [kind for kind in get_args(hint) if kind is not type(None)]
+    return (kinds[0] if kinds else hint), False
+
+
+def run_settings(args: argparse.Namespace) -> tuple[NodeConfig, RunOptions]:
+    """The settings a parser from `add_options` parsed (after `resolve_options`), field by field."""
+    return _build(NodeConfig, args), _build(RunOptions, args)
+
+
+def _build(cls: type, args: argparse.Namespace) -> Any:
+    values = {}
+    for f in fields(cls):
+        if _OPTION not in f.metadata:
+            continue
+        value = getattr(args, f.name)
+        if value == [] and f.default_factory is not MISSING:
+            value = f.default_factory()  # an empty list (`listen = []`, `MURMUR_LISTEN=`) keeps the default
+        values[f.name] = value
+    return cls(**values)
+
+
+# --- where the values come from --------------------------------------------------------------------
 
 
 def env_name(option: str) -> str:

@@ -15,7 +15,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import anyio
@@ -34,6 +34,7 @@ from node.net.membership import PEERS_PROTOCOL, Membership
 from node.net.peers import PeerTable
 from node.net.security import BanList, GuardedTransport, load_allow_list, load_secret
 from node.net.transport import Transport
+from node.ops.config import NodeConfig
 from node.ops.metrics import CountingTransport, NodeMetrics, Traffic, serve_metrics
 from node.ops.status import STATUS_FILE
 
@@ -44,47 +45,6 @@ METRICS_FILE = "metrics.jsonl"
 PARAMS_FILE = "params.pt"
 CHECKPOINT_DIR = "checkpoints"
 BANS_FILE = "bans.json"
-
-
-@dataclass
-class NodeConfig:
-    """Everything `murmur run` can set; defaults suit a small local swarm."""
-
-    data_dir: Path
-    task: str = "digits"
-    run_id: str | None = None  # defaults to the task name
-    listen: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
-    bootstrap: list[str] = field(default_factory=list)
-    announce: list[str] = field(default_factory=list)  # public addresses peers are told instead of listen ones
-    relays: list[str] = field(default_factory=list)  # circuit-relay v2 peers to reserve a slot on and be reached via
-    relay_service: bool = False  # relay (circuit v2 hop) for peers that cannot be dialed directly
-    addr_file: Path | None = None
-    slowdown: float = 1.0
-    step_time_ms: float | None = None
-    weighting: str = "work"
-    average_every: float = 0.1
-    exchange_timeout: float = 10.0
-    gossip_every: float = 1.0
-    liveness_timeout: float = 10.0
-    view_size: int | None = 32  # members kept (a bounded PartialView of the swarm); None: every peer
-    eval_every: float = 1.0
-    duration: float | None = None  # stop after this many seconds of training
-    shard: int | None = None  # defaults to a number derived from the peer ID
-    sync_state: bool = True
-    start_at: float | None = None  # Unix time to start training (benchmarks start peers together)
-    start_file: Path | None = None  # wait for this file to hold the Unix time to start at (see `wait_for_start_time`)
-    checkpoint_every: float = 30.0  # seconds; also on exit
-    catch_up_ratio: float = 1.0  # a resumed node adopts a peer's model carrying at least this many times its work
-    record_params: bool = False  # keep the parameters at every evaluation, saved to params.pt on exit
-    allow_peers: Path | None = None  # peer-ID allow-list file
-    swarm_secret_file: Path | None = None
-    max_connections: int = 300
-    wire_dtype: str = "float32"  # the dtype this node proposes for exchanges (protocol.codec.WIRE_DTYPES)
-    device: str = "auto"  # auto|cpu|cuda|cuda:N|mps (node.learn.device.resolve_device)
-    mixed_precision: bool = False  # bf16 autocast; CUDA only
-    metrics_port: int | None = None  # serve Prometheus metrics on this port (0: any free one); None: off
-    metrics_host: str = "127.0.0.1"
-    threads: int | None = None  # torch's intra-op threads; None: torch's own default
 
 
 def _shard_of(peer_id: str) -> int:
