@@ -207,6 +207,9 @@ relay-service = true
 slowdown = 1.5
 step-time = 20
 weighting = "uniform"
+merge = "outer"
+outer-lr = 0.5
+outer_momentum = 0.8
 average-every = 0.2
 exchange_timeout = 5
 liveness-timeout = 12
@@ -242,7 +245,7 @@ def test_a_murmur_toml_with_every_documented_key_still_loads(tmp_path: Path) -> 
     assert node == NodeConfig(
         data_dir=Path("/data"), task="digits", run_id="swarm-1", listen=["/ip4/0.0.0.0/tcp/4001"], bootstrap=[BOOT_C],
         addr_file=Path("/data/addrs.txt"), announce=["/ip4/203.0.113.7/tcp/4001"], relays=[RELAY], relay_service=True,
-        slowdown=1.5, step_time_ms=20.0, weighting="uniform", average_every=0.2, exchange_timeout=5.0,
+        slowdown=1.5, step_time_ms=20.0, weighting="uniform", merge="outer", outer_lr=0.5, outer_momentum=0.8, average_every=0.2, exchange_timeout=5.0,
         liveness_timeout=12.0, view_size=None, eval_every=2.0, duration=600.0, shard=3, sync_state=False,
         checkpoint_every=60.0, allow_peers=Path("/data/peers.txt"), swarm_secret_file=Path("/data/secret"),
         wire_dtype="bfloat16", max_connections=100, start_at=1700000000.0, start_file=Path("/data/start"),

@@ -69,7 +69,7 @@ def test_base_image_is_a_cuda_pytorch_that_meets_the_torch_requirement() -> None
 
 def test_the_image_copies_everything_pip_install_needs_and_dockerignore_keeps_it() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    packages = {p.split(".")[0] for p in project["tool"]["setuptools"]["packages"]}
+    packages = {p.rstrip("*").split(".")[0] for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
     needed = {"pyproject.toml", project["project"]["readme"], *packages}
     copied = {src for value in _instructions("COPY") for src in value.split()[:-1]}
     assert needed <= copied, needed - copied

@@ -47,7 +47,7 @@ def test_outer_step_follows_nesterov_from_the_anchor() -> None:
 
 
 def test_decision_is_work_weighted_and_conserves_total_weight() -> None:
-    rule = make_rule("outer")
+    rule = make_rule("work", "outer")
     a, b = rule.decide(3.0, 1.0), rule.decide(1.0, 3.0)
     assert a.remote_share == pytest.approx(0.25) and a.remote_share + b.remote_share == pytest.approx(1.0)
     assert a.weight_after + b.weight_after == pytest.approx(4.0)
@@ -88,3 +88,21 @@ def test_foreign_state_and_bad_hyperparameters_are_refused() -> None:
         OuterRule().load_state_dict({"anchor": {}})
     with pytest.raises(ValueError, match="outer lr"):
         OuterRule(lr=0.0)
+
+
+def test_make_rule_builds_outer_steps_on_any_weighting() -> None:
+    rule = make_rule("uniform", "outer", outer_lr=0.5, outer_momentum=0.0)
+    assert isinstance(rule, OuterRule) and (rule.lr, rule.momentum) == (0.5, 0.0)
+    assert rule.decide(3.0, 1.0).remote_share == 0.5
+    with pytest.raises(ValueError, match=r"unknown merge 'inner'; choose from \['average', 'outer'\]"):
+        make_rule("work", "inner")
+
+
+def test_a_changed_rule_keeps_the_checkpointed_model_and_starts_over() -> None:
+    averaging = Trainer(DigitsTask(), shard=0)
+    averaging.step()
+    outer = Trainer(DigitsTask(), shard=0, rule=OuterRule())
+    outer.restore(averaging.checkpoint_state())
+    assert outer.samples == 32
+    model = outer.snapshot().state
+    assert all(torch.equal(outer.rule.anchor[n], model[n]) for n in model)

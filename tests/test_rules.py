@@ -50,7 +50,7 @@ def test_make_rule_returns_each_policy_by_name() -> None:
 
 
 def test_make_rule_rejects_unknown_names_listing_choices() -> None:
-    with pytest.raises(ValueError, match=r"unknown merge rule 'nope'; choose from \['outer', 'uniform', 'work'\]"):
+    with pytest.raises(ValueError, match=r"unknown merge rule 'nope'; choose from \['uniform', 'work'\]"):
         make_rule("nope")
 
 

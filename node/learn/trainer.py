@@ -159,21 +159,23 @@ class Trainer:
             }
 
     def restore(self, state: dict) -> None:
-        """Resume from `checkpoint_state()` output; raises `ValueError` for another task's or rule's.
+        """Resume from `checkpoint_state()` output; raises `ValueError` for another task's.
 
         Tensors are copied onto this model's device and dtype (the optimizer's state follows its parameters).
-        A checkpoint from before merge rules had state restores the model with a fresh rule.
+        The merge rule's state is restored when the checkpoint holds this rule's; after a change of
+        rule (or from a checkpoint without one) the rule starts over from the restored model.
         """
         if state.get("fingerprint") != self.fingerprint:
             raise ValueError("checkpoint belongs to another task or model (fingerprint differs)")
-        rule = state.get("merge_rule", {"name": self.rule.name, "state": {}})
-        if rule["name"] != self.rule.name:
-            raise ValueError(f"checkpoint was written with merge rule {rule['name']!r}, this node runs {self.rule.name!r}")
+        rule = state.get("merge_rule")
         with self._lock:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.exchanged = ExchangedTensors(self.model, self.optimizer, self.rule.optimizer_state)
-            self.rule.load_state_dict(rule["state"])
+            if rule is not None and rule["name"] == self.rule.name:
+                self.rule.load_state_dict(rule["state"])
+            else:
+                self.rule.reset(self.exchanged)
             self.weight = float(state["weight"])
             self.samples = int(state["samples"])
 

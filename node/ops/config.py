@@ -135,6 +135,19 @@ def _rule_names() -> list[str]:
     return sorted(RULES)
 
 
+def _merge_names() -> list[str]:
+    from node.learn.rules import MERGES
+
+    return list(MERGES)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number")
+    return value
+
+
 # --- the settings ---------------------------------------------------------------------------------
 
 
@@ -159,6 +172,10 @@ class NodeConfig:
     slowdown: float = option(1.0, "emulate a device S times slower (sleep (S-1) x compute after each step)")
     step_time_ms: float | None = option(None, "pad every step to S x MS ms per 32 samples", flag="step-time", metavar="MS")
     weighting: str = option("work", "how to weight the two models of a merge", choices=_rule_names)
+    merge: str = option("average", "average: move to the pair's weighted mean; outer: take a Nesterov outer step "
+                                   "toward it from this peer's last merge (DiLoCo-style)", choices=_merge_names)
+    outer_lr: float = option(0.7, "outer learning rate of --merge outer (1 with momentum 0 is plain averaging)", metavar="LR")
+    outer_momentum: float = option(0.9, "Nesterov momentum of --merge outer", metavar="MU")
     average_every: float = option(0.1, "seconds between averaging attempts", metavar="SECONDS")
     exchange_timeout: float = option(10.0, "give up an exchange after this long", metavar="SECONDS")
     gossip_every: float = 1.0
@@ -188,7 +205,8 @@ class NodeConfig:
                                       parse=_port, metavar="PORT")
     metrics_host: str = option("127.0.0.1", "address the metrics endpoint binds to (default 127.0.0.1; 0.0.0.0 for all)",
                                metavar="HOST")
-    threads: int | None = option(None, "torch threads for training (default: torch's own, usually one per core)", metavar="N")
+    threads: int | None = option(None, "torch threads for training (default: torch's own, usually one per core)",
+                                 parse=_positive_int, metavar="N")
 
 
 @dataclass

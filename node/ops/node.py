@@ -68,7 +68,9 @@ class Node:
         task = load_task(config.task)
         shard = config.shard if config.shard is not None else _shard_of(self.peer_id)
         device = resolve_device(config.device)
-        self.trainer = Trainer(task, shard, device, config.mixed_precision, rule=make_rule(config.weighting))
+        self.trainer = Trainer(task, shard, device, config.mixed_precision, rule=make_rule(
+            config.weighting, config.merge, outer_lr=config.outer_lr, outer_momentum=config.outer_momentum,
+        ))
         log.info("training on %s (%d threads)%s", describe(device), torch.get_num_threads(), " with bf16 autocast" if config.mixed_precision else "")
         self.rng = random.Random(shard)
         self.table = PeerTable(self.peer_id, config.liveness_timeout, view_size=config.view_size)

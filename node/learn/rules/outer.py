@@ -1,11 +1,11 @@
 """`outer`: DiLoCo's outer optimizer made pairwise — Nesterov momentum on the pair's pseudo-gradient.
 
 The rule keeps an anchor (this peer's model right after its last merge) and a momentum
-buffer. At a merge the target is the pair's work-weighted mean model θ̄ (what `work`
-would merge to); the pseudo-gradient g = anchor − θ̄ holds the local training since
+buffer. At a merge the target is the pair's weighted mean model θ̄ (what its weighting
+rule, `work` by default, would merge to); the pseudo-gradient g = anchor − θ̄ holds the local training since
 the anchor plus the pull toward the partner. Then m ← μ·m + g and the new model is
 anchor − lr·(g + μ·m) (Nesterov), which becomes the next anchor. With lr 1 and μ 0
-it is exactly `work` averaging.
+it is exactly that weighting's averaging.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ class _Delta(dict[str, torch.Tensor]):
 class OuterRule(MergeRule):
     name = "outer"
 
-    def __init__(self, lr: float = 0.7, momentum: float = 0.9) -> None:
+    def __init__(self, lr: float = 0.7, momentum: float = 0.9, weighting: MergeRule | None = None) -> None:
         if not 0 < lr <= 2 or not 0 <= momentum < 1:
             raise ValueError(f"outer lr must be in (0, 2] and momentum in [0, 1), got {lr} and {momentum}")
         self.lr, self.momentum = lr, momentum
-        self._weighting = WorkRule()
+        self._weighting = weighting if weighting is not None else WorkRule()
         self.anchor: dict[str, torch.Tensor] = {}
         self.velocity: dict[str, torch.Tensor] = {}
 
