@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from node.learn.step import train_step
 from node.learn.tasks import Task, load_task
 
 Optimizer = Callable[[torch.nn.Module], torch.optim.Optimizer]
@@ -50,10 +51,7 @@ def train_sync(task: Task, optimizer: Optimizer, steps: int, replicas: int, seed
     streams = [task.train_batches(1000 * seed + r) for r in range(replicas)]
     for _ in range(steps):
         xs, ys = zip(*(next(s) for s in streams))
-        loss = task.loss(model, (torch.cat(xs), torch.cat(ys)))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        train_step(task, model, opt, (torch.cat(xs), torch.cat(ys)))
     return model
 
 
@@ -64,10 +62,7 @@ def train_replicas(task: Task, optimizer: Optimizer, steps: int, replicas: int, 
     streams = [task.train_batches(1000 * seed + r) for r in range(replicas)]
     for step in range(1, steps + 1):
         for model, opt, stream in zip(models, opts, streams):
-            loss = task.loss(model, next(stream))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+            train_step(task, model, opt, next(stream))
         if step % every == 0:
             with torch.no_grad():
                 for params in zip(*(m.parameters() for m in models)):

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from node.lab.swarm import murmur_command, peer_environment
+from node.lab.swarm import ONE_THREAD, murmur_command, peer_environment
 from node.learn.checkpoint import load_latest
 
 EXCHANGE_TIMEOUT = 5.0
@@ -76,7 +76,7 @@ class Swarm:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        args = murmur_command() + ["run", "--data-dir", str(data_dir), "--listen", f"/ip4/127.0.0.1/tcp/{port}", *self.extra]
+        args = murmur_command() + ["run", "--data-dir", str(data_dir), "--listen", f"/ip4/127.0.0.1/tcp/{port}", *ONE_THREAD, *self.extra]
         if bootstrap:
             args += ["--bootstrap", bootstrap]
         log = (data_dir / "log.txt").open("a")

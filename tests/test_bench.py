@@ -57,3 +57,33 @@ def test_rescore_scores_stored_runs_again_and_redraws_the_table(tmp_path: Path) 
     assert results["murmur-work"]["pct_of_ideal"] == pytest.approx(0.75)
     assert results["murmur-work"]["metric_at_equal_samples"] == pytest.approx(0.1 + 0.88 * 200 / 300)
     assert "| digits | headline | murmur-work |" in (tmp_path / "new" / "summary.md").read_text()
+
+
+def test_swarm_peers_are_started_with_one_torch_thread_each(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Stand-in processes that record what `murmur run` would be told, and have already exited:
+    # the run stops at once, and murmur's own parser reads the recorded command lines.
+    from node.lab import bench
+    from node.ops.cli import build_run_parser
+
+    started: list[list[str]] = []
+
+    class Exited:
+        pid, returncode = 0, 1
+
+        def __init__(self, argv: list[str], log_path: Path) -> None:
+            started.append(argv)
+
+        def poll(self) -> int:
+            return 1
+
+        def wait(self, timeout: float | None = None) -> int:
+            return 1
+
+    monkeypatch.setattr(bench, "ForkedPeer", Exited)
+    with pytest.raises(RuntimeError, match="peer 0 exited"):
+        bench.run_murmur("digits", [1.0, 2.0], "work", 3, 5.0, tmp_path / "run")
+    assert [argv[0] for argv in started] == ["run", "run"]
+    args = [build_run_parser().parse_args(argv[1:]) for argv in started]
+    assert [a.threads for a in args] == [1, 1]  # two peers share this machine: the node itself would not limit them
+    assert [a.slowdown for a in args] == [1.0, 2.0] and [a.shard for a in args] == [3000, 3001]
+    assert args[0].bootstrap == [] and len(args[1].bootstrap) == 1

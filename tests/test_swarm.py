@@ -1,17 +1,32 @@
 """A swarm of `murmur run` OS processes on loopback, each bootstrapped from the first only."""
 
+import json
 import signal
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from node.lab.swarm import start_swarm, stop_swarm
+from node.lab.swarm import start_peer, start_swarm, stop_swarm
+from node.ops.cli import build_run_parser
 
-pytestmark = pytest.mark.slow
+
+def test_local_peers_run_one_torch_thread_each_unless_told_otherwise(tmp_path: Path) -> None:
+    # The peer's "command" records its command line; murmur run's own parser reads it.
+    record = tmp_path / "argv.json"
+    recorder = [sys.executable, "-c", f"import json, sys; open({str(record)!r}, 'w').write(json.dumps(sys.argv[1:]))"]
+    for extra, threads in (["--task", "digits"], 1), (["--threads", "4"], 4):
+        peer = start_peer(0, tmp_path, 2.0, extra, None, command=recorder)
+        assert peer.process.wait(timeout=30) == 0
+        argv = json.loads(record.read_text())
+        assert argv[0] == "run"
+        args = build_run_parser().parse_args(argv[1:])
+        assert (args.threads, args.slowdown, args.data_dir) == (threads, 2.0, tmp_path / "peer-0")
 
 
+@pytest.mark.slow
 def test_swarm_of_processes_learns_and_stops_cleanly(tmp_path: Path) -> None:
     extra = ["--task", "digits", "--step-time", "20", "--duration", "120", "--liveness-timeout", "10"]
     peers = start_swarm(tmp_path, [1, 1, 2, 4], extra)
@@ -40,6 +55,7 @@ def test_swarm_of_processes_learns_and_stops_cleanly(tmp_path: Path) -> None:
     assert statistics.median(accuracy) > 0.9  # chance is 0.1
 
 
+@pytest.mark.slow
 def test_sigint_stops_a_lone_node_with_status_zero(tmp_path: Path) -> None:
     peers = start_swarm(tmp_path, [1], ["--task", "digits"])
     time.sleep(2)
@@ -48,6 +64,7 @@ def test_sigint_stops_a_lone_node_with_status_zero(tmp_path: Path) -> None:
     assert "Traceback" not in (peers[0].data_dir / "log.txt").read_text()
 
 
+@pytest.mark.slow
 def test_graceful_leave_checkpoints_and_neighbours_drop_the_peer_at_once(tmp_path: Path) -> None:
     # A long liveness timeout: neighbours can only drop the peer this fast because it said goodbye.
     extra = ["--task", "digits", "--step-time", "20", "--liveness-timeout", "120"]
@@ -69,6 +86,7 @@ def test_graceful_leave_checkpoints_and_neighbours_drop_the_peer_at_once(tmp_pat
         assert stop_swarm(peers)[:2] == [0, 0]
 
 
+@pytest.mark.slow
 def test_forked_peer_runs_murmur_in_its_own_session_and_stops_by_pid(tmp_path: Path) -> None:
     import os
 

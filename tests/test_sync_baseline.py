@@ -1,6 +1,7 @@
-"""Tests for scripts/sync_baseline.py: the synchronous all-reduce baseline.
+"""Tests for node/lab/sync_baseline.py: the synchronous all-reduce baseline, end to end.
 
-The end-to-end tests spawn real gloo ranks (2 processes, ~3 s of training each).
+Each run forks real gloo ranks (2 processes, ~3 s of training each); the ranks' helpers
+are tested in tests/test_sync_rank.py.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import time
 from typing import Any, Iterator
 
 import pytest
-import torch
 
 from node.lab import sync_baseline as sb
 from node.learn.tasks import DigitsTask
@@ -30,42 +30,6 @@ class FailingTask(DigitsTask):
             if shard == 1 and i == 5:
                 raise RuntimeError("boom from the failing task")
             yield batch
-
-
-# ------------------------------------------------------------------- pure helpers
-
-
-def test_batch_sizes() -> None:
-    assert sb.batch_sizes(32, [1, 2], "equal") == [32, 32]
-    # 32 * 2 * (1 / 1.5) = 42.67 -> 43 ; 32 * 2 * (0.5 / 1.5) = 21.33 -> 21
-    assert sb.batch_sizes(32, [1, 2], "proportional") == [43, 21]
-    # speeds 1, 1, 0.5, 0.25 (sum 2.75): 128 * speed / 2.75
-    assert sb.batch_sizes(32, [1, 1, 2, 4], "proportional") == [47, 47, 23, 12]
-    assert sb.batch_sizes(1, [1, 100], "proportional") == [2, 1]  # never below 1
-    with pytest.raises(ValueError):
-        sb.batch_sizes(32, [1], "bogus")
-
-
-def test_emulated_sleep() -> None:
-    assert sb.emulated_sleep(2.0, None, 32, 0.01) == pytest.approx(0.01)
-    assert sb.emulated_sleep(1.0, None, 32, 0.01) == 0.0
-    # 2 * 20 ms * 64 / 32 = 80 ms per step, 5 ms of it was real compute
-    assert sb.emulated_sleep(2.0, 20.0, 64, 0.005) == pytest.approx(0.075)
-    assert sb.emulated_sleep(1.0, 1.0, 32, 0.5) == 0.0  # compute already slower than the target
-
-
-def test_resized_batches_keeps_row_order() -> None:
-    def stream() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        start = 0
-        while True:
-            yield torch.arange(start, start + 4).float().unsqueeze(1), torch.arange(start, start + 4)
-            start += 4
-
-    got = sb.resized_batches(stream(), 6)
-    for k in range(3):
-        x, y = next(got)
-        assert x.shape == (6, 1)
-        assert y.tolist() == list(range(6 * k, 6 * k + 6))
 
 
 # ---------------------------------------------------------------------- end to end
@@ -151,4 +115,12 @@ def test_rank_failure_ends_every_rank() -> None:
     # rank 0, blocked in an all-reduce, was ended at once: no wait for the collective
     # timeout or the 60 s budget (the slack is for start-up on a busy machine)
     assert time.monotonic() - start < 40
+    assert multiprocessing.active_children() == []
+
+
+def test_bad_arguments_start_no_rank() -> None:
+    with pytest.raises(ValueError, match="mode"):
+        sb.run_sync("digits", SLOWDOWNS, "bogus", DURATION, STEP_MS, None)
+    with pytest.raises(ValueError, match="slowdowns"):
+        sb.run_sync("digits", [1.0, 0.0], "equal", DURATION, STEP_MS, None)
     assert multiprocessing.active_children() == []

@@ -35,7 +35,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from node.lab.swarm import FORK_PRELOAD, ForkedPeer, stop_processes
+from node.lab.swarm import FORK_PRELOAD, ONE_THREAD, ForkedPeer, stop_processes
+from node.lab.sync_baseline import RANK_MODULE, run_sync
+from node.ops.node import METRICS_FILE
 from node.ops.status import StatusUnavailable, load_status
 
 MIXES = {
@@ -96,6 +98,7 @@ def run_murmur(
             "run", "--task", task, "--data-dir", str(data_dir), "--listen", f"/ip4/127.0.0.1/tcp/{ports[i]}",
             "--slowdown", str(slowdown), "--step-time", str(spec["step_time"]), "--duration", str(max_s),
             "--start-file", str(start_file), "--shard", str(1000 * seed + i), "--record-params", "--log-level", "WARNING",
+            *ONE_THREAD,
         ]
         if weighting is None:
             args += ["--average-every", "1e9"]  # alone: no bootstrap, no exchanges
@@ -147,7 +150,8 @@ def _status(data_dir: Path) -> dict:
 
 
 def _records(data_dir: Path) -> list[dict]:
-    path = data_dir / "metrics.jsonl"
+    """The peer's evaluation records so far ([] before its first)."""
+    path = data_dir / METRICS_FILE
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
@@ -201,11 +205,9 @@ def _murmur_result(task: str, slowdowns: list[float], weighting: str | None, dir
 
 
 def run_sync_method(task: str, slowdowns: list[float], mode: str, seed: int, max_s: float) -> dict:
-    from node.lab.sync_baseline import run_sync
-
+    """Run the synchronous baseline in `mode` on the same workload as the swarms (its ranks run one thread each)."""
     spec = TASKS[task]
-    result = run_sync(task, slowdowns, mode, max_s, spec["step_time"], spec["target"], seed=seed)
-    return result
+    return run_sync(task, slowdowns, mode, max_s, spec["step_time"], spec["target"], seed=seed)
 
 
 def _at_samples(result: dict, metric: str, samples: float) -> float | None:
@@ -223,7 +225,7 @@ def run_bench(config: dict, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     # One fork server, started now with everything both kinds of run import: Murmur peers
     # and sync ranks then start in about a second (start-up is excluded from the measurements).
-    multiprocessing.get_context("forkserver").set_forkserver_preload(["node.lab.sync_baseline", *FORK_PRELOAD])
+    multiprocessing.get_context("forkserver").set_forkserver_preload([RANK_MODULE, *FORK_PRELOAD])
     multiprocessing.forkserver.ensure_running()
     bench_began = time.monotonic()
     results: list[dict] = []
@@ -351,7 +353,7 @@ def plot(results: list[dict], out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="murmur bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="digits, headline mix, one seed (~3 min)")
+    parser.add_argument("--quick", action="store_true", help="digits, headline mix, one seed (~1 min)")
     parser.add_argument("--tasks", default=None, help="comma-separated tasks (default: digits,charlm)")
     parser.add_argument("--mixes", default=None, help=f"comma-separated mixes from {list(MIXES)}")
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds")

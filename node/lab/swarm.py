@@ -59,7 +59,10 @@ def peer_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("MURMUR_")}
 
 
-FORK_PRELOAD = ["node.lab.preload"]  # what the fork server imports once (see node/preload.py)
+FORK_PRELOAD = ["node.lab.preload"]  # what the fork server imports once (see node/lab/preload.py)
+# Local peers share this machine's cores: one torch thread each. The node leaves the count
+# to its operator (`--threads`), so whatever starts several peers on one machine passes this.
+ONE_THREAD = ["--threads", "1"]
 
 
 class ForkedPeer:
@@ -114,13 +117,16 @@ def _forked_murmur(argv: list[str], log_path: str) -> None:
 def start_peer(
     index: int, root: Path, slowdown: float, extra: list[str], bootstrap: str | None, command: list[str] | None = None
 ) -> Peer:
-    """Start `murmur run` (or `command`, e.g. an adversary) as peer `index` under `root`."""
+    """Start `murmur run` (or `command`, e.g. an adversary) as peer `index` under `root`.
+
+    The peer runs one torch thread (`ONE_THREAD`) unless `extra` says otherwise.
+    """
     data_dir = root / f"peer-{index}"
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / "addrs.txt").unlink(missing_ok=True)
     args = (command or murmur_command()) + [
         "run", "--data-dir", str(data_dir), "--listen", "/ip4/127.0.0.1/tcp/0",
-        "--addr-file", str(data_dir / "addrs.txt"), "--slowdown", str(slowdown), *extra,
+        "--addr-file", str(data_dir / "addrs.txt"), "--slowdown", str(slowdown), *ONE_THREAD, *extra,
     ]
     if bootstrap:
         args += ["--bootstrap", bootstrap]

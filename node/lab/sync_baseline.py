@@ -3,7 +3,9 @@
 N ranks run as separate OS processes (forked from a torch-preloaded server) in one `torch.distributed` gloo group
 on 127.0.0.1. Every step each rank computes the gradient of its own batch, then all
 ranks all-reduce the gradients (which doubles as the per-step barrier) and take the
-same optimizer step, so the model stays identical everywhere.
+same optimizer step, so the model stays identical everywhere. The rank's side is
+`node.lab.sync_rank`; this module starts the ranks, collects their results and
+reports them.
 
 Modes:
   equal         every rank uses the task's `batch_size`; gradients are averaged.
@@ -12,302 +14,50 @@ Modes:
                 scales its mean-loss gradient by its batch, the sum is all-reduced
                 and divided by the total number of samples in the step.
 
-Heterogeneity is emulated as on a Murmur node: after the local compute of a step
-(drawing the batch, forward, backward) a rank with slowdown S sleeps so that the
-step takes S * step_time_ms * batch / 32 ms (minus what the compute really took),
-or, without `step_time_ms`, sleeps (S - 1) times the measured compute. The sleep
-comes before the all-reduce because it stands in for slower compute.
+Heterogeneity is emulated as on a Murmur node (`node.learn.step.Pacing`): after the
+local compute of a step (drawing the batch, forward, backward) a rank with slowdown S
+sleeps so that the step takes S * step_time_ms * batch / 32 ms (minus what the compute
+really took), or, without `step_time_ms`, sleeps (S - 1) times the measured compute.
+The sleep comes before the all-reduce because it stands in for slower compute.
 
 Clock: start-up (process start, group init, model build, the t=0 evaluation) is excluded;
 every rank starts its clock when it leaves a barrier that all ranks reach once ready.
 Rank 0 evaluates the held-out metric on a grid of `eval_every` seconds of training
-time. Evaluation is not training, so it is taken out of the clock on every rank: rank
-0 decides before a step's all-reduce that an evaluation is due and says so in two
-control slots appended to the gradient buffer ([eval_due, stop]). After that step
-every rank stops its clock, rank 0 evaluates, and a one-element broadcast from rank 0
-(carrying "target reached") ends the pause for everyone; the paused interval is
-subtracted from each rank's wall time. Rank 0 also sets `stop` once its training time
-reaches `duration`, and the broadcast carries a stop when the target metric is
-reached, so all ranks leave the loop after the same step.
+time; evaluation pauses every rank's clock. Training ends on every rank after the same
+step: once rank 0's training time reaches `duration`, or once the target metric is reached.
 
 Library use: `run_sync(...)` returns a JSON-serialisable dict. CLI:
-  python scripts/sync_baseline.py --task digits --slowdowns 1,1,2,4 --mode equal \
+  python -m node.lab.sync_baseline --task digits --slowdowns 1,1,2,4 --mode equal \
       --step-time-ms 20 --duration 20 --out results/sync.json
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
-import math
-import os
 import queue
 import sys
 import time
-import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
-import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from node.learn.tasks import Task, load_task
+from node.lab.sync_rank import HOST, MODES, Config, meets, worker
 
-MODES = ("equal", "proportional")
-REFERENCE_BATCH = 32  # `step_time_ms` is quoted per 32 samples, as on the Murmur node
-HOST = "127.0.0.1"
-EVAL_SLOT, STOP_SLOT = 0, 1  # control slots after the gradients in the all-reduce buffer
-
-Batch = tuple[torch.Tensor, torch.Tensor]
+RANK_MODULE = "node.lab.sync_rank"  # what the ranks' fork server preloads
 
 
 class RankFailed(RuntimeError):
     """A rank raised, crashed or timed out; every rank process has been ended."""
 
 
-# --------------------------------------------------------------------------- helpers
-
-
-def batch_sizes(base: int, slowdowns: Sequence[float], mode: str) -> list[int]:
-    """Return each rank's per-step batch for `mode`.
-
-    equal: `base` everywhere. proportional: round-half-up of
-    base * n * speed_r / sum(speeds), at least 1, with speed_r = 1 / slowdown_r,
-    so the whole step holds about n * base samples split by speed.
-    """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
-    n = len(slowdowns)
-    if mode == "equal":
-        return [base] * n
-    speeds = [1.0 / s for s in slowdowns]
-    total = sum(speeds)
-    return [max(1, math.floor(base * n * v / total + 0.5)) for v in speeds]
-
-
-def emulated_sleep(slowdown: float, step_time_ms: float | None, batch: int, compute_s: float) -> float:
-    """Return the seconds to sleep after a local compute of `compute_s` seconds.
-
-    With `step_time_ms` M the step should take slowdown * M * batch / 32 ms in all;
-    without it the rank should look `slowdown` times slower than it really is.
-    Never negative: a rank cannot be made faster than the hardware.
-    """
-    if step_time_ms is None:
-        return max(0.0, (slowdown - 1.0) * compute_s)
-    return max(0.0, slowdown * step_time_ms / 1000.0 * batch / REFERENCE_BATCH - compute_s)
-
-
-def resized_batches(stream: Iterator[Batch], size: int) -> Iterator[Batch]:
-    """Yield batches of exactly `size` rows, taking rows from `stream` in order.
-
-    Rows left over from one batch start the next, so no sample is skipped or repeated
-    beyond what the stream itself does.
-    """
-    xs: list[torch.Tensor] = []
-    ys: list[torch.Tensor] = []
-    have = 0
-    while True:
-        while have < size:
-            x, y = next(stream)
-            xs.append(x)
-            ys.append(y)
-            have += len(y)
-        x, y = (xs[0], ys[0]) if len(xs) == 1 else (torch.cat(xs), torch.cat(ys))
-        yield x[:size], y[:size]
-        xs, ys, have = [x[size:]], [y[size:]], have - size
-
-
-def _meets(value: float, target: float, higher_is_better: bool) -> bool:
-    return value >= target if higher_is_better else value <= target
-
-
 def _free_store(timeout: timedelta) -> dist.TCPStore:
     """Start the rendezvous store on a free port (port 0: the OS picks; no race)."""
     return dist.TCPStore(HOST, 0, is_master=True, wait_for_workers=False, timeout=timeout)
-
-
-# ---------------------------------------------------------------------------- ranks
-
-
-@dataclass(frozen=True)
-class _Config:
-    """Everything a rank needs; pickled to each rank's process."""
-
-    task: str
-    slowdowns: tuple[float, ...]
-    mode: str
-    duration: float
-    step_time_ms: float | None
-    target: float | None
-    eval_every: float
-    seed: int
-    port: int
-    pg_timeout_s: float
-
-
-def _pack(params: list[torch.nn.Parameter], flat: torch.Tensor, scale: float) -> None:
-    """Copy `scale` * each parameter's gradient into the front of `flat`."""
-    offset = 0
-    for p in params:
-        n = p.numel()
-        if p.grad is None:  # unused in this step's loss: contributes nothing
-            flat[offset : offset + n].zero_()
-        else:
-            flat[offset : offset + n].copy_(p.grad.reshape(-1)).mul_(scale)
-        offset += n
-
-
-def _unpack(params: list[torch.nn.Parameter], flat: torch.Tensor, divisor: float) -> None:
-    """Set each parameter's gradient to its slice of `flat` / `divisor`."""
-    offset = 0
-    for p in params:
-        n = p.numel()
-        grad = flat[offset : offset + n].view_as(p) / divisor
-        if p.grad is None:
-            p.grad = grad.to(p.dtype)
-        else:
-            p.grad.copy_(grad)
-        offset += n
-
-
-def _train(rank: int, cfg: _Config) -> dict[str, Any]:
-    """Run one rank's training loop and return its measurements (rank 0: also the curve)."""
-    torch.set_num_threads(1)  # N ranks share the CPU; one thread each keeps them honest
-    n = len(cfg.slowdowns)
-    timeout = timedelta(seconds=cfg.pg_timeout_s)
-    store = dist.TCPStore(HOST, cfg.port, world_size=n, is_master=False, timeout=timeout)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=n, timeout=timeout)
-
-    task: Task = load_task(cfg.task)
-    batches = batch_sizes(task.batch_size, cfg.slowdowns, cfg.mode)
-    batch, slowdown = batches[rank], cfg.slowdowns[rank]
-    # Equal: plain mean over ranks. Proportional: sample-weighted mean over all rows.
-    weight, total_weight = (float(batch), float(sum(batches))) if cfg.mode == "proportional" else (1.0, float(n))
-    step_samples = sum(batches)
-
-    model = task.build_model()
-    model.train()
-    with torch.no_grad():  # start identical even if a task's init were not seeded (as DDP does)
-        for t in itertools.chain(model.parameters(), model.buffers()):
-            dist.broadcast(t, src=0)
-    optimizer = task.make_optimizer(model)
-    torch.manual_seed(1000 * cfg.seed + rank)  # per-rank randomness (dropout etc.)
-    params = [p for p in model.parameters() if p.requires_grad]
-    numel = sum(p.numel() for p in params)
-    grad_bytes = sum(p.numel() * p.element_size() for p in params)
-    flat = torch.zeros(numel + 2, dtype=params[0].dtype)
-    stream = resized_batches(iter(task.train_batches(shard=rank + 1000 * cfg.seed)), batch)
-    metric = task.metric
-
-    curve: list[dict[str, float]] = []
-    if rank == 0:
-        curve.append({"t": 0.0, "samples": 0, **task.evaluate(model)})
-        model.train()
-
-    dist.barrier()  # everyone is ready: start-up ends here
-    clock_start = time.monotonic()
-    paused = 0.0  # evaluation pauses, excluded from training time
-
-    def train_time() -> float:
-        return time.monotonic() - clock_start - paused
-
-    next_eval = cfg.eval_every
-    steps, compute_s, comm_s = 0, 0.0, 0.0
-    while True:
-        # local compute, then the emulated extra time of a slower device
-        t0 = time.monotonic()
-        loss = task.loss(model, next(stream))
-        optimizer.zero_grad(set_to_none=False)
-        loss.backward()
-        time.sleep(emulated_sleep(slowdown, cfg.step_time_ms, batch, time.monotonic() - t0))
-        _pack(params, flat, weight)
-        flat[numel:] = 0.0
-        if rank == 0:  # rank 0 owns the clock: it decides evaluations and the end
-            now = train_time()
-            stop = now >= cfg.duration
-            flat[numel + EVAL_SLOT] = float(stop or now >= next_eval)  # always evaluate at the end
-            flat[numel + STOP_SLOT] = float(stop)
-
-        # the synchronous step: all-reduce (and wait for the slowest rank)
-        t1 = time.monotonic()
-        dist.all_reduce(flat)
-        t2 = time.monotonic()
-        _unpack(params, flat, total_weight)
-        optimizer.step()
-        steps += 1
-        eval_due, stop = flat[numel + EVAL_SLOT].item() > 0, flat[numel + STOP_SLOT].item() > 0
-        t3 = time.monotonic()
-        compute_s += (t1 - t0) + (t3 - t2)
-        comm_s += t2 - t1
-
-        if eval_due:  # every rank pauses its clock; rank 0 evaluates
-            reached = torch.zeros(1)
-            if rank == 0:
-                t_eval = t3 - clock_start - paused  # the clock stopped at t3
-                point = {"t": t_eval, "samples": steps * step_samples, **task.evaluate(model)}
-                curve.append(point)
-                model.train()
-                if cfg.target is not None and _meets(point[metric.name], cfg.target, metric.higher_is_better):
-                    reached[0] = 1.0
-                while next_eval <= t_eval:  # next point of the grid
-                    next_eval += cfg.eval_every
-            dist.broadcast(reached, src=0)  # also the end of the pause for the other ranks
-            paused += time.monotonic() - t3
-            stop = stop or reached.item() > 0
-        if stop:
-            break
-
-    wall = train_time()
-    out: dict[str, Any] = {
-        "rank": rank,
-        "slowdown": slowdown,
-        "batch": batch,
-        "steps": steps,
-        "samples": steps * batch,
-        "compute_s": compute_s,
-        "comm_s": comm_s,
-        "wall_s": wall,
-        "idle_fraction": 1.0 - compute_s / wall if wall > 0 else 0.0,
-        # ring all-reduce: each rank sends 2 (n-1)/n of the gradient per step
-        "bytes_sent": int(steps * 2 * (n - 1) / n * grad_bytes),
-    }
-    if rank == 0:
-        out.update(
-            curve=curve,
-            clock_start=clock_start,
-            eval_s=paused,
-            task=task.name,
-            metric=metric.name,
-            higher_is_better=metric.higher_is_better,
-            batch_size=task.batch_size,
-            batches=batches,
-        )
-    dist.destroy_process_group()
-    return out
-
-
-def _worker(rank: int, cfg: _Config, results: Any) -> None:
-    """Process entry point: report ("result", rank, dict) or ("error", rank, traceback)."""
-    try:
-        results.put(("result", rank, _train(rank, cfg)))
-        code = 0
-    except BaseException:  # noqa: BLE001 - the parent must hear about every failure
-        results.put(("error", rank, traceback.format_exc()))
-        code = 1
-    # Flush the report, then skip interpreter teardown: with torch loaded it takes
-    # seconds, and there is nothing left to clean up (the group is destroyed or broken).
-    results.close()
-    results.join_thread()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-# --------------------------------------------------------------------------- parent
 
 
 def _end(procs: list[Any]) -> None:
@@ -383,7 +133,7 @@ def run_sync(
     n = len(slowdowns)
     begin = time.monotonic()
     store = _free_store(timedelta(seconds=pg_timeout_s))
-    cfg = _Config(
+    cfg = Config(
         task_name, tuple(float(s) for s in slowdowns), mode, float(duration), step_time_ms, target,
         float(eval_every), int(seed), store.port, float(pg_timeout_s),
     )  # fmt: skip
@@ -391,10 +141,10 @@ def run_sync(
     # would spend seconds importing it again on every run (start-up is excluded from the
     # measurements either way, but it dominates a benchmark's wall time).
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload([__name__ if __name__ != "__main__" else "node.lab.sync_baseline"])
+    ctx.set_forkserver_preload([RANK_MODULE])
     results = ctx.Queue()
     # daemon: if this process dies, multiprocessing's exit handler still ends the ranks
-    procs = [ctx.Process(target=_worker, args=(r, cfg, results), name=f"sync-rank{r}", daemon=True) for r in range(n)]
+    procs = [ctx.Process(target=worker, args=(r, cfg, results), name=f"sync-rank{r}", daemon=True) for r in range(n)]
     try:
         for p in procs:
             p.start()
@@ -410,7 +160,7 @@ def run_sync(
     time_to_target = None
     if target is not None:
         time_to_target = next(
-            (pt["t"] for pt in curve if _meets(pt[head["metric"]], target, head["higher_is_better"])), None
+            (pt["t"] for pt in curve if meets(pt[head["metric"]], target, head["higher_is_better"])), None
         )
     peer_keys = (
         "rank", "slowdown", "batch", "steps", "samples", "compute_s", "comm_s", "wall_s", "idle_fraction", "bytes_sent",

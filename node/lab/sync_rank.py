@@ -1,0 +1,260 @@
+"""One rank of the synchronous baseline (`node.lab.sync_baseline`): its process and training loop.
+
+Every step the rank draws its batch and runs `train_step`; between backward and the
+optimizer step (the `before_update` hook) it
+
+1. pads the step to its emulated device's pace (`Pacing.padding`: a rank with slowdown S
+   looks S times slower, or takes S * step_time_ms per 32 samples). The padding comes
+   before the all-reduce because it stands in for slower compute;
+2. packs its gradient, scaled by its weight, into one flat buffer with two control
+   slots at the end ([eval_due, stop], set by rank 0);
+3. all-reduces the buffer (which doubles as the per-step barrier) and sets every
+   gradient to its slice divided by the total weight, so every rank takes the same step.
+
+Clock: each rank starts it when it leaves a barrier that all ranks reach once ready
+(start-up excluded). Compute time is the step minus the all-reduce; communication is
+the all-reduce (waiting for the slowest rank included). Rank 0 owns the clock: before
+a step's all-reduce it says whether an evaluation is due or training should stop.
+After that step every rank stops its clock, rank 0 evaluates, and a one-element
+broadcast from rank 0 (carrying "target reached") ends the pause for everyone; the
+paused interval is subtracted from each rank's wall time.
+
+This module is what the ranks' fork server preloads: it imports torch, the tasks and
+`train_step`, nothing of the network.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+
+from node.learn.step import Pacing, train_step
+from node.learn.tasks import Batch, Task, load_task
+
+MODES = ("equal", "proportional")
+HOST = "127.0.0.1"
+EVAL_SLOT, STOP_SLOT = 0, 1  # control slots after the gradients in the all-reduce buffer
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything a rank needs; pickled to each rank's process."""
+
+    task: str
+    slowdowns: tuple[float, ...]
+    mode: str
+    duration: float
+    step_time_ms: float | None
+    target: float | None
+    eval_every: float
+    seed: int
+    port: int
+    pg_timeout_s: float
+
+
+def batch_sizes(base: int, slowdowns: Sequence[float], mode: str) -> list[int]:
+    """Return each rank's per-step batch for `mode`; raises `ValueError` for an unknown mode.
+
+    equal: `base` everywhere. proportional: round-half-up of
+    base * n * speed_r / sum(speeds), at least 1, with speed_r = 1 / slowdown_r,
+    so the whole step holds about n * base samples split by speed.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    n = len(slowdowns)
+    if mode == "equal":
+        return [base] * n
+    speeds = [1.0 / s for s in slowdowns]
+    total = sum(speeds)
+    return [max(1, math.floor(base * n * v / total + 0.5)) for v in speeds]
+
+
+def meets(value: float, target: float, higher_is_better: bool) -> bool:
+    """Whether a metric `value` has reached `target`."""
+    return value >= target if higher_is_better else value <= target
+
+
+def resized_batches(stream: Iterator[Batch], size: int) -> Iterator[Batch]:
+    """Yield batches of exactly `size` rows, taking rows from `stream` in order.
+
+    Rows left over from one batch start the next, so no sample is skipped or repeated
+    beyond what the stream itself does.
+    """
+    xs: list[torch.Tensor] = []
+    ys: list[torch.Tensor] = []
+    have = 0
+    while True:
+        while have < size:
+            x, y = next(stream)
+            xs.append(x)
+            ys.append(y)
+            have += len(y)
+        x, y = (xs[0], ys[0]) if len(xs) == 1 else (torch.cat(xs), torch.cat(ys))
+        yield x[:size], y[:size]
+        xs, ys, have = [x[size:]], [y[size:]], have - size
+
+
+def pack(params: list[torch.nn.Parameter], flat: torch.Tensor, scale: float) -> None:
+    """Copy `scale` * each parameter's gradient into the front of `flat` (zeros where a parameter has none)."""
+    offset = 0
+    for p in params:
+        n = p.numel()
+        if p.grad is None:  # unused in this step's loss: contributes nothing
+            flat[offset : offset + n].zero_()
+        else:
+            flat[offset : offset + n].copy_(p.grad.reshape(-1)).mul_(scale)
+        offset += n
+
+
+def unpack(params: list[torch.nn.Parameter], flat: torch.Tensor, divisor: float) -> None:
+    """Set each parameter's gradient to its slice of `flat` / `divisor` (a new tensor where it had none)."""
+    offset = 0
+    for p in params:
+        n = p.numel()
+        grad = flat[offset : offset + n].view_as(p) / divisor
+        if p.grad is None:
+            p.grad = grad.to(p.dtype)
+        else:
+            p.grad.copy_(grad)
+        offset += n
+
+
+def train(rank: int, cfg: Config) -> dict[str, Any]:
+    """Run one rank's training loop and return its measurements (rank 0: also the curve)."""
+    torch.set_num_threads(1)  # N ranks share the CPU; one thread each keeps them honest
+    n = len(cfg.slowdowns)
+    timeout = timedelta(seconds=cfg.pg_timeout_s)
+    store = dist.TCPStore(HOST, cfg.port, world_size=n, is_master=False, timeout=timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=n, timeout=timeout)
+
+    task: Task = load_task(cfg.task)
+    batches = batch_sizes(task.batch_size, cfg.slowdowns, cfg.mode)
+    batch, slowdown = batches[rank], cfg.slowdowns[rank]
+    pacing = Pacing(slowdown, cfg.step_time_ms)
+    # Equal: plain mean over ranks. Proportional: sample-weighted mean over all rows.
+    weight, total_weight = (float(batch), float(sum(batches))) if cfg.mode == "proportional" else (1.0, float(n))
+    step_samples = sum(batches)
+
+    model = task.build_model()
+    with torch.no_grad():  # start identical even if a task's init were not seeded (as DDP does)
+        for t in itertools.chain(model.parameters(), model.buffers()):
+            dist.broadcast(t, src=0)
+    optimizer = task.make_optimizer(model)
+    torch.manual_seed(1000 * cfg.seed + rank)  # per-rank randomness (dropout etc.)
+    params = [p for p in model.parameters() if p.requires_grad]
+    numel = sum(p.numel() for p in params)
+    grad_bytes = sum(p.numel() * p.element_size() for p in params)
+    flat = torch.zeros(numel + 2, dtype=params[0].dtype)
+    stream = resized_batches(iter(task.train_batches(shard=rank + 1000 * cfg.seed)), batch)
+    metric = task.metric
+
+    curve: list[dict[str, float]] = []
+    if rank == 0:
+        curve.append({"t": 0.0, "samples": 0, **task.evaluate(model)})
+
+    dist.barrier()  # everyone is ready: start-up ends here
+    clock_start = time.monotonic()
+    paused = 0.0  # evaluation pauses, excluded from training time
+
+    def train_time() -> float:
+        return time.monotonic() - clock_start - paused
+
+    next_eval = cfg.eval_every
+    steps, compute_s, comm_s = 0, 0.0, 0.0
+    t0 = t1 = t2 = 0.0  # this step's start, and its all-reduce's start and end
+
+    def all_reduce_gradients() -> None:
+        """`train_step`'s hook: the emulated device's extra time, then the synchronous all-reduce."""
+        nonlocal t1, t2
+        time.sleep(pacing.padding(time.monotonic() - t0, batch))
+        pack(params, flat, weight)
+        flat[numel:] = 0.0
+        if rank == 0:  # rank 0 owns the clock: it decides evaluations and the end
+            now = train_time()
+            stop = now >= cfg.duration
+            flat[numel + EVAL_SLOT] = float(stop or now >= next_eval)  # always evaluate at the end
+            flat[numel + STOP_SLOT] = float(stop)
+        t1 = time.monotonic()
+        dist.all_reduce(flat)  # waits for the slowest rank
+        t2 = time.monotonic()
+        unpack(params, flat, total_weight)
+
+    while True:
+        t0 = time.monotonic()  # drawing the batch is part of the local compute
+        train_step(task, model, optimizer, next(stream), before_update=all_reduce_gradients)
+        steps += 1
+        eval_due, stop = flat[numel + EVAL_SLOT].item() > 0, flat[numel + STOP_SLOT].item() > 0
+        t3 = time.monotonic()
+        compute_s += (t1 - t0) + (t3 - t2)
+        comm_s += t2 - t1
+
+        if eval_due:  # every rank pauses its clock; rank 0 evaluates
+            reached = torch.zeros(1)
+            if rank == 0:
+                t_eval = t3 - clock_start - paused  # the clock stopped at t3
+                point = {"t": t_eval, "samples": steps * step_samples, **task.evaluate(model)}
+                curve.append(point)
+                if cfg.target is not None and meets(point[metric.name], cfg.target, metric.higher_is_better):
+                    reached[0] = 1.0
+                while next_eval <= t_eval:  # next point of the grid
+                    next_eval += cfg.eval_every
+            dist.broadcast(reached, src=0)  # also the end of the pause for the other ranks
+            paused += time.monotonic() - t3
+            stop = stop or reached.item() > 0
+        if stop:
+            break
+
+    wall = train_time()
+    out: dict[str, Any] = {
+        "rank": rank,
+        "slowdown": slowdown,
+        "batch": batch,
+        "steps": steps,
+        "samples": steps * batch,
+        "compute_s": compute_s,
+        "comm_s": comm_s,
+        "wall_s": wall,
+        "idle_fraction": 1.0 - compute_s / wall if wall > 0 else 0.0,
+        # ring all-reduce: each rank sends 2 (n-1)/n of the gradient per step
+        "bytes_sent": int(steps * 2 * (n - 1) / n * grad_bytes),
+    }
+    if rank == 0:
+        out.update(
+            curve=curve,
+            clock_start=clock_start,
+            eval_s=paused,
+            task=task.name,
+            metric=metric.name,
+            higher_is_better=metric.higher_is_better,
+            batch_size=task.batch_size,
+            batches=batches,
+        )
+    dist.destroy_process_group()
+    return out
+
+
+def worker(rank: int, cfg: Config, results: Any) -> None:
+    """Process entry point: report ("result", rank, dict) or ("error", rank, traceback), then exit."""
+    try:
+        results.put(("result", rank, train(rank, cfg)))
+        code = 0
+    except BaseException:  # noqa: BLE001 - the parent must hear about every failure
+        results.put(("error", rank, traceback.format_exc()))
+        code = 1
+    # Flush the report, then skip interpreter teardown: with torch loaded it takes
+    # seconds, and there is nothing left to clean up (the group is destroyed or broken).
+    results.close()
+    results.join_thread()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
