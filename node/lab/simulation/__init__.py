@@ -21,7 +21,8 @@ reference that shows what gossip adds). Peer-sampling shuffles are exchanged as 
 calls that take one link latency each way, not over the transport.
 
 Modules: `network` (machines and links), `config` (`SimConfig`, `SimResult`), `links`
-(`LinkTransport`), `topologies`, `gossip` (`GossipSimulation`) and `allreduce`.
+(`LinkTransport`), `topologies`, `gossip` (`GossipSimulation`), `allreduce`, and the
+runner behind `scripts/simulate.py`: `cli` and `report` (tables and plots).
 """
 
 from __future__ import annotations
