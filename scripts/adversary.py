@@ -15,7 +15,7 @@ import torch
 
 import node.net.conversation
 import protocol.exchange
-from node.ops.cli import main as murmur_main
+from node.cli import main as murmur_main
 from protocol.codec import TensorSpec, WireState, quantize
 from protocol.messages import Accept, Message, Offer, StateReply
 

@@ -194,7 +194,7 @@ async def _raw_throughput(transport: Any, peer_id: str, addrs: list[str], megaby
 
 
 def _peer_process(role: str, params: int, plan: dict, addr_q: Any, result_q: Any, training: Any, done: Any) -> None:
-    from node.ops.cli import release_big_buffers_promptly
+    from node.ops.run import release_big_buffers_promptly
 
     release_big_buffers_promptly()  # as `murmur run` does
     torch.set_num_threads(1)

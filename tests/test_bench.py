@@ -63,7 +63,7 @@ def test_swarm_peers_are_started_with_one_torch_thread_each(tmp_path: Path, monk
     # Stand-in processes that record what `murmur run` would be told, and have already exited:
     # the run stops at once, and murmur's own parser reads the recorded command lines.
     from node.lab import bench
-    from node.ops.cli import build_run_parser
+    from node.ops.run import build_run_parser
 
     started: list[list[str]] = []
 

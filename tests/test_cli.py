@@ -27,7 +27,7 @@ def test_a_stop_request_after_the_command_finished_does_not_kill_it(tmp_path: Pa
     # A supervisor that sends SIGTERM just as a command ends must still see exit status 0.
     script = (
         "import os, signal, sys\n"
-        "from node.ops.cli import main\n"
+        "from node.cli import main\n"
         f"code = main(['id', '--data-dir', {str(tmp_path)!r}])\n"
         "os.kill(os.getpid(), signal.SIGTERM)\n"
         "print('still here', flush=True)\n"
@@ -42,7 +42,7 @@ def test_a_stop_request_after_the_command_finished_does_not_kill_it(tmp_path: Pa
 def test_ctrl_c_stops_the_demo_and_every_peer_it_started(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     demo = subprocess.Popen(
-        [sys.executable, "-m", "node.ops.cli", "demo", "--duration", "60", "--no-sync", "--out", str(out)],
+        [sys.executable, "-m", "node.cli", "demo", "--duration", "60", "--no-sync", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         # Started as a shell starts a background job (`murmur demo &`): with SIGINT ignored.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from node.ops.cli import build_run_parser, main
+from node.cli import main
 from node.ops.config import (
     DEFAULT_DATA_DIR,
     ConfigError,
@@ -19,6 +19,7 @@ from node.ops.config import (
     resolve_options,
     run_settings,
 )
+from node.ops.run import build_run_parser
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

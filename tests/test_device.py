@@ -95,7 +95,7 @@ def test_mixed_precision_is_refused_off_cuda() -> None:
 def test_cli_refuses_an_unusable_device_in_one_line(tmp_path: Path, args: list[str], message: str) -> None:
     data_dir = tmp_path / "data"
     done = subprocess.run(
-        [sys.executable, "-m", "node.ops.cli", "run", "--data-dir", str(data_dir), *args],
+        [sys.executable, "-m", "node.cli", "run", "--data-dir", str(data_dir), *args],
         capture_output=True, text=True, timeout=60, check=False,
     )
     assert done.returncode == 2

@@ -18,9 +18,9 @@ from dockerfile_parse import DockerfileParser
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from node.cli import build_parser
 from node.net.identity import load_or_create_identity, peer_id_of
 from node.net.membership import parse_bootstrap
-from node.ops.cli import build_parser
 from node.ops.status import build_parser as build_status_parser
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,8 +148,8 @@ def test_the_entrypoint_starts_a_node(tmp_path: Path) -> None:
     for container, here in local.items():
         argv = [arg.replace(container, here) for arg in argv]
     assert argv[0] == "murmur"
-    argv = [sys.executable, "-m", "node.ops.cli", *argv[1:], "--duration", "3", "--eval-every", "1"]
-    health = [sys.executable, "-m", "node.ops.cli", *HEALTH_ARGV[1:]]
+    argv = [sys.executable, "-m", "node.cli", *argv[1:], "--duration", "3", "--eval-every", "1"]
+    health = [sys.executable, "-m", "node.cli", *HEALTH_ARGV[1:]]
     health[health.index("/data")] = str(data_dir)
     log = tmp_path / "stderr.txt"
     with log.open("w") as stderr:

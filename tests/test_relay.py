@@ -137,7 +137,7 @@ async def test_a_refused_reservation_is_logged_and_nothing_advertised(caplog: py
 
 def _start(data_dir: Path, *args: str) -> subprocess.Popen:
     data_dir.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "node.ops.cli", "run", "--data-dir", str(data_dir),
+    cmd = [sys.executable, "-m", "node.cli", "run", "--data-dir", str(data_dir),
            "--addr-file", str(data_dir / "addrs.txt"),
            "--step-time", "20", "--average-every", "0.2", *args]
     log = (data_dir / "log.txt").open("w")

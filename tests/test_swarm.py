@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from node.lab.swarm import start_peer, start_swarm, stop_swarm
-from node.ops.cli import build_run_parser
+from node.ops.run import build_run_parser
 
 
 def test_local_peers_run_one_torch_thread_each_unless_told_otherwise(tmp_path: Path) -> None:

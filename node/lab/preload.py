@@ -12,7 +12,7 @@ import gc
 import torch._dynamo  # noqa: F401
 
 import node.learn.tasks.charlm
-import node.ops.cli  # noqa: F401
+import node.ops.run  # noqa: F401
 
 gc.collect()
 gc.freeze()

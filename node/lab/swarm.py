@@ -47,7 +47,7 @@ class Peer:
 
 
 def murmur_command() -> list[str]:
-    return [sys.executable, "-m", "node.ops.cli"]
+    return [sys.executable, "-m", "node.cli"]
 
 
 def peer_environment() -> dict[str, str]:
@@ -68,7 +68,7 @@ ONE_THREAD = ["--threads", "1"]
 class ForkedPeer:
     """`murmur run ARGV` in a process forked from a server that has imported everything once.
 
-    The peer runs the command's own code (`node.ops.cli.entry`) in its own OS process and
+    The peer runs the command's own code (`node.ops.run.main`) in its own OS process and
     session, with its output in `log_path` and no `MURMUR_*` settings, like `start_peer`'s
     peers; it is ready in about a second instead of several. Popen-like (`pid`, `poll`,
     `wait`, `kill`, `returncode`), so `stop_processes` stops it by PID.
@@ -108,10 +108,13 @@ def _forked_murmur(argv: list[str], log_path: str) -> None:
     os.setsid()  # as start_new_session: Ctrl-C reaches only the controller, which stops peers by PID
     for key in [k for k in os.environ if k.startswith("MURMUR_")]:
         del os.environ[key]
-    from node.ops.cli import entry
+    from node.ops import run
 
-    sys.argv = ["murmur", *argv]
-    entry()  # exits the process
+    if argv[:1] != ["run"]:
+        raise ValueError(f"a forked peer runs `murmur run`, not {argv[:1]}")
+    with run.quiet_stop_signals():
+        code = run.main(argv[1:])
+    run.exit_now(code)
 
 
 def start_peer(

@@ -1,0 +1,79 @@
+"""The `murmur` command: `run` a peer, `demo` a local swarm, `bench` against all-reduce,
+show a node's `status`, print its `id`.
+
+It sits above `node.ops` (the running node) and `node.lab` (benchmark and demo), which
+know nothing of it; each subcommand imports what it needs when it runs, so `murmur
+status` stays free of torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from node.ops import run
+from node.ops.config import DEFAULT_DATA_DIR, add_options
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="murmur", description="Decentralized gossip training of PyTorch models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_options(sub.add_parser("run", help="run a peer (the daemon)"))
+    demo = sub.add_parser("demo", help="run a local swarm of emulated heterogeneous peers")
+    demo.add_argument("--peers", type=int, default=4)
+    demo.add_argument("--slowdowns", default="1,1,2,4", help="comma-separated slowdown per peer (cycled)")
+    demo.add_argument("--duration", type=float, default=60.0, help="seconds of training")
+    demo.add_argument("--task", default="digits")
+    demo.add_argument("--weighting", default="work")
+    demo.add_argument("--step-time", type=float, default=20.0, metavar="MS", help="emulated ms per 32 samples at slowdown 1")
+    demo.add_argument("--no-sync", action="store_true", help="skip the synchronous baseline run")
+    demo.add_argument("--out", type=Path, default=Path("murmur-demo"), help="folder for peer data, summary and plot")
+    sub.add_parser("bench", help="heterogeneous-swarm benchmark vs synchronous all-reduce (see --help)", add_help=False)
+    sub.add_parser("status", help="show a running node's state, or check its health (see --help)", add_help=False)
+    ident = sub.add_parser("id", help="print this node's peer ID (creating its key if needed)")
+    ident.add_argument("--data-dir", type=Path, default=Path(os.environ.get("MURMUR_DATA_DIR", DEFAULT_DATA_DIR)).expanduser(),
+                       help="the node's data dir (default $MURMUR_DATA_DIR or ~/.murmur)")
+    return parser
+
+
+def cmd_id(args: argparse.Namespace) -> int:
+    from node.net.identity import load_or_create_identity, peer_id_of
+
+    print(peer_id_of(load_or_create_identity(args.data_dir)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    with run.quiet_stop_signals():
+        if argv[:1] == ["run"]:
+            return run.main(argv[1:])
+        if argv[:1] == ["bench"]:
+            from node.lab.bench import main as bench_main
+
+            return bench_main(argv[1:])
+        if argv[:1] == ["status"]:  # no torch import: cheap enough for a container's HEALTHCHECK
+            from node.ops.status import main as status_main
+
+            return status_main(argv[1:])
+        args = build_parser().parse_args(argv)
+        if args.command == "id":
+            return cmd_id(args)
+        from node.lab.demo import run_demo
+
+        return run_demo(args)
+
+
+def entry() -> None:
+    """The `murmur` console script; `murmur run` exits without interpreter teardown (see `run.exit_now`)."""
+    argv = sys.argv[1:]
+    code = main(argv)
+    if argv[:1] == ["run"]:
+        run.exit_now(code)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    entry()
