@@ -69,7 +69,8 @@ def test_base_image_is_a_cuda_pytorch_that_meets_the_torch_requirement() -> None
 
 def test_the_image_copies_everything_pip_install_needs_and_dockerignore_keeps_it() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    packages = {p.split(".")[0] for p in project["tool"]["setuptools"]["packages"]}
+    include = project["tool"]["setuptools"]["packages"]["find"]["include"]  # e.g. "node*"
+    packages = {pattern.split(".")[0].rstrip("*") for pattern in include}
     needed = {"pyproject.toml", project["project"]["readme"], *packages}
     copied = {src for value in _instructions("COPY") for src in value.split()[:-1]}
     assert needed <= copied, needed - copied

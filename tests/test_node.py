@@ -29,10 +29,10 @@ async def test_nodes_join_sync_and_average(tmp_path: Path) -> None:
             await tg.start(second.run)
             await tg.start(third.run)
     for node in (first, second, third):
-        status = json.loads((node.ops.config.data_dir / STATUS_FILE).read_text())
+        status = json.loads((node.config.data_dir / STATUS_FILE).read_text())
         assert status["exchanges"].get("merged", 0) >= 1
         assert status["samples"] > 0
-        records = (node.ops.config.data_dir / METRICS_FILE).read_text().splitlines()
+        records = (node.config.data_dir / METRICS_FILE).read_text().splitlines()
         assert records and "accuracy" in json.loads(records[-1])
 
 
@@ -57,12 +57,12 @@ async def test_node_waits_for_its_start_file_then_trains_from_the_time_it_holds(
             with anyio.fail_after(10):
                 while node.phase != "waiting":
                     await anyio.sleep(0.02)
-            assert json.loads((node.ops.config.data_dir / STATUS_FILE).read_text())["phase"] == "waiting"
+            assert json.loads((node.config.data_dir / STATUS_FILE).read_text())["phase"] == "waiting"
             await anyio.sleep(0.3)
-            assert node.learn.trainer.samples == 0  # ready, but not told to start
+            assert node.trainer.samples == 0  # ready, but not told to start
             begin = time.time() + 0.5
             start_file.with_name("start.tmp").write_text(str(begin))
             start_file.with_name("start.tmp").replace(start_file)
-    records = [json.loads(line) for line in (node.ops.config.data_dir / METRICS_FILE).read_text().splitlines()]
-    assert records[0]["t"] >= begin and node.learn.trainer.samples > 0
-    assert json.loads((node.ops.config.data_dir / STATUS_FILE).read_text())["phase"] == "training"
+    records = [json.loads(line) for line in (node.config.data_dir / METRICS_FILE).read_text().splitlines()]
+    assert records[0]["t"] >= begin and node.trainer.samples > 0
+    assert json.loads((node.config.data_dir / STATUS_FILE).read_text())["phase"] == "training"

@@ -129,6 +129,6 @@ async def test_libp2p_connections_from_strangers_are_closed_as_they_open(caplog:
                 await stranger.open_stream(node.peer_id, node.addresses(), ECHO)
             except TransportError:
                 pass
-            while ID.from_base58(stranger.peer_id) in node.net.host.get_connected_peers():
+            while ID.from_base58(stranger.peer_id) in node.host.get_connected_peers():
                 await anyio.sleep(0.01)
     assert f"closing connections from {stranger.peer_id[-8:]}: not on the allow-list" in caplog.text
