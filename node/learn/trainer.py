@@ -165,14 +165,17 @@ class Trainer:
         """
         if state.get("fingerprint") != self.fingerprint:
             raise ValueError("checkpoint belongs to another task or model (fingerprint differs)")
-        rule = state.get("merge_rule", {"name": self.rule.name, "state": {}})
-        if rule["name"] != self.rule.name:
+        rule = state.get("merge_rule")
+        if rule is not None and rule["name"] != self.rule.name:
             raise ValueError(f"checkpoint was written with merge rule {rule['name']!r}, this node runs {self.rule.name!r}")
         with self._lock:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.exchanged = ExchangedTensors(self.model, self.optimizer, self.rule.optimizer_state)
-            self.rule.load_state_dict(rule["state"])
+            if rule is None:  # no rule state to load (a stateful rule would refuse an empty one): start over
+                self.rule.reset(self.exchanged)
+            else:
+                self.rule.load_state_dict(rule["state"])
             self.weight = float(state["weight"])
             self.samples = int(state["samples"])
 
