@@ -7,8 +7,9 @@ from pathlib import Path
 import anyio
 import pytest
 
+from node.net.identity import load_or_create_identity
 from node.net.transport import MemoryNetwork
-from node.ops.node import METRICS_FILE, STATUS_FILE, Node, NodeConfig
+from node.ops.node import METRICS_FILE, STATUS_FILE, Node, NodeConfig, build_node
 
 pytestmark = pytest.mark.anyio
 
@@ -66,3 +67,19 @@ async def test_node_waits_for_its_start_file_then_trains_from_the_time_it_holds(
     records = [json.loads(line) for line in (node.config.data_dir / METRICS_FILE).read_text().splitlines()]
     assert records[0]["t"] >= begin and node.trainer.samples > 0
     assert json.loads((node.config.data_dir / STATUS_FILE).read_text())["phase"] == "training"
+
+
+async def test_node_prints_listen_then_announced_addresses(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    config = NodeConfig(
+        data_dir=tmp_path / "n", listen=["/ip4/127.0.0.1/tcp/0"], announce=["/dns4/node.example.org/tcp/4001"],
+        addr_file=tmp_path / "addrs.txt", duration=0.2,
+    )
+    node = build_node(config, load_or_create_identity(config.data_dir))
+    with anyio.fail_after(30):
+        await node.run()
+    lines = capsys.readouterr().out.splitlines()
+    listening = [line for line in lines if line.startswith("murmur: listening on /ip4/127.0.0.1/tcp/")]
+    assert len(listening) == 1
+    assert f"murmur: announcing /dns4/node.example.org/tcp/4001/p2p/{node.peer_id}" in lines
+    written = (tmp_path / "addrs.txt").read_text().split()
+    assert written == [listening[0].split()[-1], f"/dns4/node.example.org/tcp/4001/p2p/{node.peer_id}"]
