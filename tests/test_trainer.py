@@ -137,8 +137,10 @@ class _BlockingEvalTask(DigitsTask):
     def __init__(self) -> None:
         super().__init__()
         self.release = threading.Event()
+        self.scored: list[torch.nn.Module] = []
 
     def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
+        self.scored.append(model)
         assert self.release.wait(timeout=30), "never released"
         return super().evaluate(model)
 
@@ -159,4 +161,5 @@ async def test_evaluation_runs_alongside_training_and_scores_a_copy() -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(release_once_training_is_done)
         await train(trainer, Pacing(slowdown=1, step_time_ms=1), stats, eval_every=10.0, on_eval=evals.append, max_steps=20)
-    assert trainer._eval_model is not trainer.model
+    assert task.scored and all(model is not trainer.model for model in task.scored)
+    assert evals and evals[0].samples < trainer.samples == 20 * 32  # scored as it was when copied, early on
