@@ -14,11 +14,19 @@ from node.ops.node import METRICS_FILE, STATUS_FILE, Node, NodeConfig, build_nod
 pytestmark = pytest.mark.anyio
 
 
+async def stop_when(nodes: list[Node], done, poll: float = 0.05) -> None:
+    """Poll until `done()`, then stop every node gracefully (the caller bounds the wait)."""
+    while not done():
+        await anyio.sleep(poll)
+    for node in nodes:
+        node.request_stop()
+
+
 async def test_nodes_join_sync_and_average(tmp_path: Path) -> None:
     net = MemoryNetwork()
 
     def make(name: str, bootstrap: list[str]) -> Node:
-        config = NodeConfig(data_dir=tmp_path / name, bootstrap=bootstrap, duration=3.0, average_every=0.1, gossip_every=0.2)
+        config = NodeConfig(data_dir=tmp_path / name, bootstrap=bootstrap, average_every=0.1, gossip_every=0.2)
         return Node(config, net.transport(name))
 
     first = make("first", [])
@@ -29,6 +37,9 @@ async def test_nodes_join_sync_and_average(tmp_path: Path) -> None:
             third = make("third", [addrs[0]])
             await tg.start(second.run)
             await tg.start(third.run)
+            nodes = [first, second, third]
+            # Until every node merged once and evaluated once (instead of a fixed training time).
+            tg.start_soon(stop_when, nodes, lambda: all(n.averager.outcomes["merged"] and n.last_eval for n in nodes))
     for node in (first, second, third):
         status = json.loads((node.config.data_dir / STATUS_FILE).read_text())
         assert status["exchanges"].get("merged", 0) >= 1
@@ -39,10 +50,12 @@ async def test_nodes_join_sync_and_average(tmp_path: Path) -> None:
 
 async def test_node_saves_on_exit_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     net = MemoryNetwork()
-    config = NodeConfig(data_dir=tmp_path / "n", duration=1.0)
+    config = NodeConfig(data_dir=tmp_path / "n")
     first = Node(config, net.transport("n"))
     with anyio.fail_after(30):
-        await first.run()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(first.run)
+            tg.start_soon(stop_when, [first], lambda: first.trainer.samples > 0)
     assert first.trainer.samples > 0
     again = Node(config, net.transport("n"))
     assert again.resumed_from is not None
