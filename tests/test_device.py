@@ -124,14 +124,19 @@ async def test_cpu_nodes_train_and_merge(tmp_path: Path) -> None:
     net = MemoryNetwork()
 
     def make(name: str, bootstrap: list[str]) -> Node:
-        config = NodeConfig(data_dir=tmp_path / name, bootstrap=bootstrap, duration=2.0, device="cpu", gossip_every=0.2)
+        config = NodeConfig(data_dir=tmp_path / name, bootstrap=bootstrap, device="cpu", gossip_every=0.2)
         return Node(config, net.transport(name))
 
     first = make("first", [])
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             addrs = await tg.start(first.run)
-            await tg.start(make("second", [addrs[0]]).run)
+            second = make("second", [addrs[0]])
+            await tg.start(second.run)
+            while not (second.averager.outcomes["merged"] and second.trainer.samples):  # not a fixed training time
+                await anyio.sleep(0.05)
+            first.request_stop()
+            second.request_stop()
     status = json.loads((tmp_path / "second" / STATUS_FILE).read_text())
     assert status["device"] == "cpu"
     assert status["samples"] > 0 and status["exchanges"].get("merged", 0) >= 1

@@ -29,7 +29,7 @@ async def test_dialer_without_noise_is_refused(scheme: str) -> None:
         with anyio.fail_after(20), pytest.raises(Exception):  # noqa: B017  (py-libp2p raises several types here)
             await dialer.connect(PeerInfo(ID.from_base58(node.peer_id), [addr]))
         assert ID.from_base58(node.peer_id) not in dialer.get_connected_peers()
-        assert not node.net.host.get_connected_peers()
+        assert not node.host.get_connected_peers()
 
 
 async def test_noise_dialer_connects() -> None:

@@ -7,17 +7,26 @@ from pathlib import Path
 import anyio
 import pytest
 
+from node.net.identity import load_or_create_identity
 from node.net.transport import MemoryNetwork
-from node.ops.node import METRICS_FILE, STATUS_FILE, Node, NodeConfig
+from node.ops.node import METRICS_FILE, STATUS_FILE, Node, NodeConfig, build_node
 
 pytestmark = pytest.mark.anyio
+
+
+async def stop_when(nodes: list[Node], done, poll: float = 0.05) -> None:
+    """Poll until `done()`, then stop every node gracefully (the caller bounds the wait)."""
+    while not done():
+        await anyio.sleep(poll)
+    for node in nodes:
+        node.request_stop()
 
 
 async def test_nodes_join_sync_and_average(tmp_path: Path) -> None:
     net = MemoryNetwork()
 
     def make(name: str, bootstrap: list[str]) -> Node:
-        config = NodeConfig(data_dir=tmp_path / name, bootstrap=bootstrap, duration=3.0, average_every=0.1, gossip_every=0.2)
+        config = NodeConfig(data_dir=tmp_path / name, bootstrap=bootstrap, average_every=0.1, gossip_every=0.2)
         return Node(config, net.transport(name))
 
     first = make("first", [])
@@ -28,20 +37,25 @@ async def test_nodes_join_sync_and_average(tmp_path: Path) -> None:
             third = make("third", [addrs[0]])
             await tg.start(second.run)
             await tg.start(third.run)
+            nodes = [first, second, third]
+            # Until every node merged once and evaluated once (instead of a fixed training time).
+            tg.start_soon(stop_when, nodes, lambda: all(n.averager.outcomes["merged"] and n.last_eval for n in nodes))
     for node in (first, second, third):
-        status = json.loads((node.ops.config.data_dir / STATUS_FILE).read_text())
+        status = json.loads((node.config.data_dir / STATUS_FILE).read_text())
         assert status["exchanges"].get("merged", 0) >= 1
         assert status["samples"] > 0
-        records = (node.ops.config.data_dir / METRICS_FILE).read_text().splitlines()
+        records = (node.config.data_dir / METRICS_FILE).read_text().splitlines()
         assert records and "accuracy" in json.loads(records[-1])
 
 
 async def test_node_saves_on_exit_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     net = MemoryNetwork()
-    config = NodeConfig(data_dir=tmp_path / "n", duration=1.0)
+    config = NodeConfig(data_dir=tmp_path / "n")
     first = Node(config, net.transport("n"))
     with anyio.fail_after(30):
-        await first.run()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(first.run)
+            tg.start_soon(stop_when, [first], lambda: first.trainer.samples > 0)
     assert first.trainer.samples > 0
     again = Node(config, net.transport("n"))
     assert again.resumed_from is not None
@@ -57,12 +71,28 @@ async def test_node_waits_for_its_start_file_then_trains_from_the_time_it_holds(
             with anyio.fail_after(10):
                 while node.phase != "waiting":
                     await anyio.sleep(0.02)
-            assert json.loads((node.ops.config.data_dir / STATUS_FILE).read_text())["phase"] == "waiting"
+            assert json.loads((node.config.data_dir / STATUS_FILE).read_text())["phase"] == "waiting"
             await anyio.sleep(0.3)
-            assert node.learn.trainer.samples == 0  # ready, but not told to start
+            assert node.trainer.samples == 0  # ready, but not told to start
             begin = time.time() + 0.5
             start_file.with_name("start.tmp").write_text(str(begin))
             start_file.with_name("start.tmp").replace(start_file)
-    records = [json.loads(line) for line in (node.ops.config.data_dir / METRICS_FILE).read_text().splitlines()]
-    assert records[0]["t"] >= begin and node.learn.trainer.samples > 0
-    assert json.loads((node.ops.config.data_dir / STATUS_FILE).read_text())["phase"] == "training"
+    records = [json.loads(line) for line in (node.config.data_dir / METRICS_FILE).read_text().splitlines()]
+    assert records[0]["t"] >= begin and node.trainer.samples > 0
+    assert json.loads((node.config.data_dir / STATUS_FILE).read_text())["phase"] == "training"
+
+
+async def test_node_prints_listen_then_announced_addresses(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    config = NodeConfig(
+        data_dir=tmp_path / "n", listen=["/ip4/127.0.0.1/tcp/0"], announce=["/dns4/node.example.org/tcp/4001"],
+        addr_file=tmp_path / "addrs.txt", duration=0.2,
+    )
+    node = build_node(config, load_or_create_identity(config.data_dir))
+    with anyio.fail_after(30):
+        await node.run()
+    lines = capsys.readouterr().out.splitlines()
+    listening = [line for line in lines if line.startswith("murmur: listening on /ip4/127.0.0.1/tcp/")]
+    assert len(listening) == 1
+    assert f"murmur: announcing /dns4/node.example.org/tcp/4001/p2p/{node.peer_id}" in lines
+    written = (tmp_path / "addrs.txt").read_text().split()
+    assert written == [listening[0].split()[-1], f"/dns4/node.example.org/tcp/4001/p2p/{node.peer_id}"]

@@ -146,17 +146,18 @@ def test_dial_failure_removes_the_candidate_and_backs_off() -> None:
     assert table.may_dial("b", now=11.0)
 
 
+def _waits(table: PeerTable, peer_id: str, since: float, delay: float) -> bool:
+    """Whether `peer_id` may be dialed again exactly `delay` after `since`, and not a moment sooner."""
+    return not table.may_dial(peer_id, since + delay * (1 - 1e-9)) and table.may_dial(peer_id, since + delay)
+
+
 def test_consecutive_dial_failures_double_the_delay_up_to_the_cap() -> None:
     table = _table()
-    now, delays = 0.0, []
-    for _ in range(8):
+    now = 0.0
+    for delay in [1.0, 2.0, 4.0, 8.0, 10.0, 10.0, 10.0, 10.0]:
         table.dial_failed("b", now=now, base_delay=1.0, max_delay=10.0)
-        retry_at = table._backoff["b"].retry_at
-        delays.append(retry_at - now)
-        assert not table.may_dial("b", now=retry_at - 1e-6)
-        assert table.may_dial("b", now=retry_at)
-        now = retry_at
-    assert delays == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0, 10.0, 10.0]
+        assert _waits(table, "b", now, delay)
+        now += delay
 
 
 @given(st.floats(0.01, 5.0), st.floats(5.0, 100.0), st.integers(1, 20))
@@ -164,8 +165,7 @@ def test_backoff_delay_never_exceeds_the_cap(base: float, cap: float, failures: 
     table = _table()
     for i in range(failures):
         table.dial_failed("b", now=float(i), base_delay=base, max_delay=cap)
-    assert table._backoff["b"].delay == min(cap, base * 2 ** (failures - 1))
-    assert table._backoff["b"].retry_at <= failures - 1 + cap
+    assert _waits(table, "b", float(failures - 1), min(cap, base * 2 ** (failures - 1)))
 
 
 def test_contact_resets_the_backoff() -> None:
@@ -175,7 +175,7 @@ def test_contact_resets_the_backoff() -> None:
     table.observe("b", _addr("b"), now=0.5)
     assert table.may_dial("b", now=0.5)
     table.dial_failed("b", now=1.0, base_delay=1.0)
-    assert table._backoff["b"].delay == 1.0  # starts again from the base delay
+    assert _waits(table, "b", 1.0, 1.0)  # starts again from the base delay
 
 
 # --- partner selection ------------------------------------------------------------

@@ -49,6 +49,15 @@ def test_make_rule_returns_each_policy_by_name() -> None:
     assert [make_rule(n).name for n in POLICY_NAMES] == POLICY_NAMES
 
 
+@pytest.mark.parametrize("policy_name", POLICY_NAMES)
+def test_stateless_rules_checkpoint_nothing_and_refuse_foreign_state(policy_name: str) -> None:
+    rule = make_rule(policy_name)
+    assert rule.state_dict() == {} and rule.optimizer_state == ()
+    rule.load_state_dict({})
+    with pytest.raises(ValueError, match=f"merge rule '{policy_name}' keeps no state, got keys \\['ema'\\]"):
+        rule.load_state_dict({"ema": torch.zeros(1)})
+
+
 def test_make_rule_rejects_unknown_names_listing_choices() -> None:
     with pytest.raises(ValueError, match=r"unknown merge rule 'nope'; choose from \['uniform', 'work'\]"):
         make_rule("nope")

@@ -90,7 +90,7 @@ def test_a_running_node_is_observable_and_a_stopped_one_unhealthy(tmp_path: Path
         status: dict = {}
         while time.monotonic() < deadline and status.get("samples", 0) == 0:
             assert node.poll() is None, node.communicate()
-            time.sleep(0.5)
+            time.sleep(0.1)
             try:
                 status = json.loads((data / STATUS_FILE).read_text())
             except (OSError, ValueError):

@@ -72,6 +72,14 @@ def _optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer, keys:
             f"{type(optimizer).__name__} keeps no per-parameter {missing}; "
             f"exchangeable state: " + ", ".join(f"{cls.__name__} {k}" for cls, k in _STATE_KEYS.items())
         )
+    if isinstance(optimizer, torch.optim.SGD):
+        for group in optimizer.param_groups:
+            # SGD's first step sets the buffer to the gradient: a zero buffer gives the same step only without dampening.
+            if group["momentum"] == 0 or group["dampening"] != 0:
+                raise UnsupportedOptimizerState(
+                    f"SGD with momentum {group['momentum']} and dampening {group['dampening']} keeps no "
+                    "momentum_buffer that could start at zero; exchanging it needs momentum > 0 and dampening 0"
+                )
     names = {id(p): n for n, p in model.named_parameters()}  # tied parameters once, under the first name
     tensors: dict[str, torch.Tensor] = {}
     for group in optimizer.param_groups:
@@ -80,8 +88,11 @@ def _optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer, keys:
                 raise UnsupportedOptimizerState("the optimizer holds a parameter that is not the model's")
             state = optimizer.state[param]
             if not state and isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
-                # Adam starts all three together; a present `exp_avg` without `step` would break its first step.
-                state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                # Adam starts its whole state at its first step, as here; a partial state would break that step.
+                on_device = group["capturable"] or group["fused"]
+                state["step"] = torch.zeros((), dtype=torch.float32, device=param.device if on_device else "cpu")
+                for key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group["amsgrad"] else ("exp_avg", "exp_avg_sq"):
+                    state[key] = torch.zeros_like(param, memory_format=torch.preserve_format)
             for key in keys:
                 if key not in state:
                     state[key] = torch.zeros_like(param, memory_format=torch.preserve_format)

@@ -1,9 +1,11 @@
-"""`--announce`: behind a port mapping, peers learn and dial a node under its announced address."""
+"""The libp2p transport's own behaviour: announced addresses behind a port mapping, and the connection gate.
+
+What every transport promises is in `tests/test_transport.py`; Noise-only hosts in `tests/test_host.py`.
+"""
 
 import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
-from pathlib import Path
 
 import anyio
 import multiaddr
@@ -15,11 +17,11 @@ from libp2p.identity.identify.identify import parse_identify_response
 from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.peer.id import ID
 
-from node.net.identity import load_or_create_identity
 from node.net.libp2p_transport import Libp2pTransport
 from node.net.membership import PEERS_PROTOCOL, Membership, TaskIdentity
 from node.net.peers import PeerTable
-from node.ops.node import NodeConfig, build_node
+from node.net.security import GuardedTransport
+from node.net.transport import TransportError
 
 pytestmark = pytest.mark.anyio
 
@@ -91,17 +93,17 @@ async def test_a_third_peer_learns_and_dials_the_announced_address() -> None:
                 assert told == [announced]
 
 
-async def test_node_prints_listen_then_announced_addresses(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    config = NodeConfig(
-        data_dir=tmp_path / "n", listen=["/ip4/127.0.0.1/tcp/0"], announce=["/dns4/node.example.org/tcp/4001"],
-        addr_file=tmp_path / "addrs.txt", duration=0.2,
-    )
-    node = build_node(config, load_or_create_identity(config.data_dir))
-    with anyio.fail_after(30):
-        await node.run()
-    lines = capsys.readouterr().out.splitlines()
-    listening = [line for line in lines if line.startswith("murmur: listening on /ip4/127.0.0.1/tcp/")]
-    assert len(listening) == 1
-    assert f"murmur: announcing /dns4/node.example.org/tcp/4001/p2p/{node.peer_id}" in lines
-    written = (tmp_path / "addrs.txt").read_text().split()
-    assert written == [listening[0].split()[-1], f"/dns4/node.example.org/tcp/4001/p2p/{node.peer_id}"]
+async def test_libp2p_connections_from_strangers_are_closed_as_they_open(caplog: pytest.LogCaptureFixture) -> None:
+    node = Libp2pTransport(create_new_key_pair())
+    guarded = GuardedTransport(node, allow=set())
+    node.gate_connections(guarded.refusal)
+    stranger = Libp2pTransport(create_new_key_pair())
+    async with node.run(["/ip4/127.0.0.1/tcp/0"]), stranger.run(["/ip4/127.0.0.1/tcp/0"]):
+        with anyio.fail_after(20):
+            try:
+                await stranger.open_stream(node.peer_id, node.addresses(), "/test/echo/1.0.0")
+            except TransportError:
+                pass
+            while ID.from_base58(stranger.peer_id) in node.host.get_connected_peers():
+                await anyio.sleep(0.01)
+    assert f"closing connections from {stranger.peer_id[-8:]}: not on the allow-list" in caplog.text

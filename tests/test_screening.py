@@ -1,3 +1,5 @@
+"""Screening partners: work claims capped at what is plausible, models clipped or rejected by distance."""
+
 import torch
 
 from node.learn.screening import ClippedGossip, WorkClaimLimiter

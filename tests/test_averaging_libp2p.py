@@ -1,0 +1,74 @@
+"""Averaging over real libp2p (TCP, Noise, yamux on 127.0.0.1): one merge and one state sync.
+
+The averager's behaviour in detail is unit-tested on the in-memory transport
+(`tests/test_averager.py`); this keeps the real path covered end to end.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import anyio
+import pytest
+import torch
+from libp2p.crypto.ed25519 import create_new_key_pair
+
+from node.averaging.averager import Averager
+from node.averaging.factory import build_averager
+from node.learn.tasks import DigitsTask
+from node.learn.trainer import Trainer
+from node.net.libp2p_transport import Libp2pTransport
+from node.net.peers import PeerTable
+
+pytestmark = pytest.mark.anyio
+
+
+@asynccontextmanager
+async def libp2p_peers(n: int) -> AsyncIterator[list[tuple[Libp2pTransport, Averager]]]:
+    async with AsyncExitStack() as stack:
+        out = []
+        for i in range(n):
+            transport = Libp2pTransport(create_new_key_pair())
+            trainer = Trainer(DigitsTask(), shard=i)
+            table = PeerTable(transport.peer_id, liveness_timeout=1e9)
+            averager = build_averager(transport, trainer, table=table, rng=random.Random(i), exchange_timeout=10.0)
+            await stack.enter_async_context(transport.run(["/ip4/127.0.0.1/tcp/0"]))
+            out.append((transport, averager))
+        yield out
+
+
+def assert_state_close(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6)
+
+
+async def test_two_libp2p_peers_merge_once_to_the_work_weighted_mean() -> None:
+    async with libp2p_peers(2) as [(_, a), (tb, b)]:
+        for _ in range(3):
+            a.trainer.step()
+        b.trainer.step()
+        sa, sb = a.trainer.snapshot(), b.trainer.snapshot()
+        with anyio.fail_after(20):
+            outcome = await a.exchange_with(tb.peer_id, tb.addresses())
+            while b.outcomes["merged"] < 1:  # the responder finishes a moment after the initiator
+                await anyio.sleep(0.01)
+        assert (outcome.result, outcome.reason) == ("merged", "work: partner holds 25% of the pair's work")
+        expected = {n: (3 * sa.state[n] + sb.state[n]) / 4 for n in sa.state}
+        assert_state_close(a.trainer.snapshot().state, expected)
+        assert_state_close(b.trainer.snapshot().state, expected)
+        assert a.trainer.weight == b.trainer.weight == (sa.weight + sb.weight) / 2
+
+
+async def test_a_newcomer_syncs_a_libp2p_peers_model() -> None:
+    async with libp2p_peers(2) as [(tv, veteran), (_, newcomer)]:
+        for _ in range(5):
+            veteran.trainer.step()
+        newcomer.table.observe(tv.peer_id, tv.addresses(), 0.0)
+        with anyio.fail_after(20):
+            outcome = await newcomer.sync_from_swarm()
+        assert outcome.result == "synced" and outcome.partner == tv.peer_id
+        assert_state_close(newcomer.trainer.snapshot().state, veteran.trainer.snapshot().state)
+        assert newcomer.trainer.weight == veteran.trainer.weight

@@ -1,0 +1,53 @@
+"""`build_averager`: the one way to wire a peer's averaging, its defaults and the handlers it registers."""
+
+from __future__ import annotations
+
+import random
+
+import anyio
+import pytest
+
+from node.averaging.averager import AVERAGE_PROTOCOL, STATE_PROTOCOL
+from node.averaging.factory import build_averager
+from node.learn.runtime import Runtime
+from node.learn.tasks import DigitsTask
+from node.learn.trainer import Trainer
+from node.net.peers import PeerTable
+from node.net.security import BanList
+from node.net.transport import MemoryNetwork, TransportError
+
+pytestmark = pytest.mark.anyio
+
+
+def test_defaults_name_the_run_after_the_task_and_identify_the_model() -> None:
+    net = MemoryNetwork()
+    trainer = Trainer(DigitsTask(), shard=0)
+    averager = build_averager(net.transport("a"), trainer)
+    assert averager.identity.run_id == "digits" and averager.identity.fingerprint == trainer.fingerprint
+    assert averager.table.self_id == "a" and not averager.table.members
+    assert averager.wire_dtype == "float32" and averager.runtime == Runtime()
+
+
+async def test_what_is_passed_in_is_what_the_averager_uses() -> None:  # simulated time needs the loop
+    net = MemoryNetwork()
+    table, bans, rng, runtime = PeerTable("a", liveness_timeout=5.0), BanList(), random.Random(1), Runtime.simulated()
+    averager = build_averager(
+        net.transport("a"), Trainer(DigitsTask(), shard=0), run_id="run-7", table=table, bans=bans, rng=rng,
+        exchange_timeout=2.5, wire_dtype="int8", runtime=runtime,
+    )  # fmt: skip
+    assert (averager.table, averager.bans, averager.rng, averager.runtime) == (table, bans, rng, runtime)
+    assert (averager.identity.run_id, averager.exchange_timeout, averager.wire_dtype) == ("run-7", 2.5, "int8")
+
+
+async def test_it_serves_averaging_and_state_sync_and_refuses_an_unknown_wire_dtype_first() -> None:
+    net = MemoryNetwork()
+    served, refused, caller = net.transport("served"), net.transport("refused"), net.transport("caller")
+    build_averager(served, Trainer(DigitsTask(), shard=0))
+    with pytest.raises(ValueError, match="float64"):
+        build_averager(refused, Trainer(DigitsTask(), shard=1), wire_dtype="float64")
+    async with served.run(), refused.run(), caller.run():
+        with anyio.fail_after(10):
+            for protocol in (AVERAGE_PROTOCOL, STATE_PROTOCOL):
+                await (await caller.open_stream("served", served.addresses(), protocol)).reset()
+                with pytest.raises(TransportError, match="protocol not supported"):
+                    await caller.open_stream("refused", refused.addresses(), protocol)

@@ -1,0 +1,268 @@
+"""The layering of `node/` and `protocol/`: what each layer may import, and that it really does without the rest.
+
+Behavioural part: in a fresh interpreter with torch (and numpy) blocked, every module of
+`node.net` imports; with libp2p and multiaddr blocked, every module of `node.learn`
+(with `node.net` blocked too) and of `node.averaging` imports.
+
+Structural part, from an AST import graph (there is no behavioural way to see a cycle
+that happens to resolve, or a dependency that is only imported lazily):
+
+- cycles: only module-level imports count (`if TYPE_CHECKING:` blocks excluded), as those
+  are what Python runs at import time; an import inside a function runs when called, after
+  every module has loaded, so it cannot take part in an import-order cycle;
+- layer direction: every import counts, lazy ones inside functions and TYPE_CHECKING ones
+  too (a lazy import is still a dependency: a torch-free process calling that function
+  would fail). The `murmur` command (`node.cli`) sits on top: it may import `ops` and
+  `lab`, and nothing imports it;
+- nothing in the product imports `scripts` (not a package; a product module that did
+  would work only from a checkout).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PRODUCT = ("node", "protocol")
+
+# Layer -> the packages it must not import (prefix match on dotted module names).
+FORBIDDEN = {
+    "node.net": ("node.learn", "node.averaging", "node.ops", "node.lab", "node.cli", "protocol.codec"),
+    "node.learn": ("node.net", "node.averaging", "node.ops", "node.lab", "node.cli"),
+    "node.averaging": ("node.ops", "node.lab", "node.cli"),
+    "node.ops": ("node.lab", "node.cli"),
+    "node.lab": ("node.cli",),
+    "protocol": ("node",),
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str
+    imported: str
+    lazy: bool  # inside a function body
+    type_only: bool  # under `if TYPE_CHECKING:`
+    line: int
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.Module, name: str, is_package: bool, modules: set[str]) -> list[Import]:
+    found: list[Import] = []
+
+    def resolve(node: ast.ImportFrom) -> list[str]:
+        if node.level:  # relative: from the importer's package
+            package = name if is_package else name.rpartition(".")[0]
+            for _ in range(node.level - 1):
+                package = package.rpartition(".")[0]
+            base = f"{package}.{node.module}" if node.module else package
+        else:
+            base = node.module or ""
+        # `from pkg import sub` imports the submodule `pkg.sub` when there is one.
+        subs = [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules]
+        return subs if len(subs) == len(node.names) else [base, *subs]
+
+    def visit(node: ast.AST, lazy: bool, type_only: bool) -> None:
+        if isinstance(node, ast.Import):
+            found.extend(Import(name, alias.name, lazy, type_only, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            found.extend(Import(name, target, lazy, type_only, node.lineno) for target in resolve(node))
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.body:
+                visit(child, lazy, True)
+            for child in node.orelse:
+                visit(child, lazy, type_only)
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child, lazy or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)), type_only)
+
+    visit(tree, False, False)
+    return found
+
+
+def import_graph(root: Path, packages: tuple[str, ...] = PRODUCT) -> tuple[set[str], list[Import]]:
+    """Every module under `root`/`packages` and every import statement in them."""
+    paths = {module_name(p, root): p for pkg in packages for p in sorted((root / pkg).rglob("*.py"))}
+    modules = set(paths)
+    imports = [
+        imp
+        for name, path in paths.items()
+        for imp in _imports(ast.parse(path.read_text(), str(path)), name, path.name == "__init__.py", modules)
+    ]
+    return modules, imports
+
+
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def cycles(modules: set[str], imports: list[Import]) -> list[list[str]]:
+    """Import cycles among `modules` through module-level, runtime imports (each cycle once)."""
+    edges: dict[str, set[str]] = {m: set() for m in modules}
+    for imp in imports:
+        if not imp.lazy and not imp.type_only and imp.imported in modules and imp.imported != imp.importer:
+            edges[imp.importer].add(imp.imported)
+    found: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def walk(m: str) -> None:
+        state[m] = 1
+        path.append(m)
+        for nxt in sorted(edges[m]):
+            if state.get(nxt) == 1:
+                found.append(path[path.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                walk(nxt)
+        path.pop()
+        state[m] = 2
+
+    for m in sorted(modules):
+        if m not in state:
+            walk(m)
+    return found
+
+
+def layer_violations(imports: list[Import]) -> list[str]:
+    out = []
+    for imp in imports:
+        for layer, banned in FORBIDDEN.items():
+            if not _under(imp.importer, layer):
+                continue
+            for prefix in banned:
+                if _under(imp.imported, prefix):
+                    how = "lazily " if imp.lazy else ""
+                    out.append(f"{imp.importer}:{imp.line} {how}imports {imp.imported} ({layer} must not import {prefix})")
+    return out
+
+
+# --- the product's graph ----------------------------------------------------------------------
+
+
+def test_no_import_cycles_among_product_modules() -> None:
+    modules, imports = import_graph(ROOT)
+    assert {"node.net.transport", "node.learn.trainer", "protocol.codec"} <= modules  # the walk found the tree
+    assert cycles(modules, imports) == []
+
+
+def test_each_layer_imports_only_the_layers_below_it() -> None:
+    _, imports = import_graph(ROOT)
+    assert layer_violations(imports) == []
+
+
+def test_nothing_in_the_product_imports_scripts() -> None:
+    _, imports = import_graph(ROOT)
+    assert [f"{i.importer}:{i.line}" for i in imports if _under(i.imported, "scripts")] == []
+
+
+# --- the checks themselves catch what they are for ----------------------------------------------
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return tmp_path
+
+
+def test_the_checks_catch_a_cycle_and_wrong_way_imports(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "node/__init__.py": "",
+        "node/net/__init__.py": "",
+        "node/net/a.py": "from node.net import b\n",
+        "node/net/b.py": "from . import a\n",  # a relative import closes the cycle
+        "node/learn/__init__.py": "",
+        "node/learn/t.py": "def f():\n    from node.net.a import x\n",  # lazy, still a violation
+        "node/ops/__init__.py": "",
+        "node/ops/run.py": "def g():\n    from node.lab.bench import main\n",  # ops drives no lab tooling
+        "node/lab/swarm.py": "import node.cli\n",  # nothing imports the command
+        "node/lab/__init__.py": "",
+        "node/cli.py": "from node.lab import demo\n",
+        "node/lab/demo.py": "",
+        "node/lab/bench.py": "import scripts.chaos\n",
+        "protocol/__init__.py": "",
+        "protocol/m.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from node.net.a import y\n",
+    })  # fmt: skip
+    modules, imports = import_graph(root)
+    assert cycles(modules, imports) == [["node.net.a", "node.net.b", "node.net.a"]]
+    assert sorted(v.split(" (")[0] for v in layer_violations(imports)) == [
+        "node.lab.swarm:1 imports node.cli",
+        "node.learn.t:2 lazily imports node.net.a",
+        "node.ops.run:2 lazily imports node.lab.bench",
+        "protocol.m:3 imports node.net.a",
+    ]
+    assert [i.importer for i in imports if _under(i.imported, "scripts")] == ["node.lab.bench"]
+
+
+# --- blocked imports, in fresh interpreters ----------------------------------------------------
+
+_IMPORT_ALL = """
+import importlib, json, pkgutil, sys
+for name in {blocked!r}:
+    sys.modules[name] = None  # `import name` now raises ImportError
+for name in {blocked!r}:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        pass
+    else:
+        raise SystemExit(f"blocking {{name}} did not work")
+imported = []
+for package in {packages!r}:
+    pkg = importlib.import_module(package)
+    imported.append(package)
+    for info in pkgutil.walk_packages(pkg.__path__, package + "."):
+        importlib.import_module(info.name)
+        imported.append(info.name)
+print(json.dumps(imported))
+"""
+
+
+def _import_with_blocked(packages: list[str], blocked: list[str]) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORT_ALL.format(packages=packages, blocked=blocked)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def _modules_under(*packages: str) -> list[str]:
+    modules, _ = import_graph(ROOT)
+    return sorted(m for m in modules if any(_under(m, p) for p in packages))
+
+
+def test_the_networking_layer_imports_without_torch_or_numpy() -> None:
+    imported = _import_with_blocked(["node.net"], ["torch", "numpy"])
+    assert sorted(imported) == _modules_under("node.net")  # every module, none skipped
+
+
+@pytest.mark.parametrize(
+    ("packages", "blocked"),
+    [
+        (["node.learn"], ["libp2p", "multiaddr", "node.net"]),
+        (["node.averaging"], ["libp2p", "multiaddr"]),
+    ],
+)
+def test_learning_and_averaging_import_without_libp2p(packages: list[str], blocked: list[str]) -> None:
+    imported = _import_with_blocked(packages, blocked)
+    assert sorted(imported) == _modules_under(*packages)
