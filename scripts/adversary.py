@@ -13,9 +13,10 @@ import sys
 
 import torch
 
-import node.net.conversation
+import node.averaging.params
 import protocol.exchange
 from node.cli import main as murmur_main
+from node.net.conversation import Conversation
 from protocol.codec import TensorSpec, WireState, quantize
 from protocol.messages import Accept, Message, Offer, StateReply
 
@@ -24,10 +25,10 @@ ATTACKS = ("scale", "noise", "nan", "work")
 
 def poison(attack: str) -> None:
     """Patch this process's node so that what it sends is poisoned by `attack`."""
-    honest_send_params = node.net.conversation.Conversation.send_params
+    honest_send_params = node.averaging.params.send_params
     honest_frame = protocol.exchange.encode_frame
 
-    async def send_params(self: node.net.conversation.Conversation, wire: WireState, spec: TensorSpec) -> int:
+    async def send_params(conv: Conversation, wire: WireState, spec: TensorSpec) -> int:
         state = dict(wire.items())
         if attack == "scale":
             state = {n: t * 1000 for n, t in state.items()}
@@ -35,14 +36,14 @@ def poison(attack: str) -> None:
             state = {n: torch.randn_like(t) for n, t in state.items()}
         elif attack == "nan":
             state = {n: torch.full_like(t, float("nan")) for n, t in state.items()}
-        return await honest_send_params(self, quantize(state, spec, wire.dtype), spec)
+        return await honest_send_params(conv, quantize(state, spec, wire.dtype), spec)
 
     def frame(message: Message) -> bytes:
         if attack == "work" and isinstance(message, (Offer, Accept, StateReply)):
             message = dataclasses.replace(message, work=message.work * 1000)  # lie on the wire only
         return honest_frame(message)
 
-    node.net.conversation.Conversation.send_params = send_params
+    node.averaging.params.send_params = send_params
     protocol.exchange.encode_frame = frame
 
 

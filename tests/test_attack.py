@@ -22,7 +22,7 @@ def final_accuracy(peers: list[Peer]) -> float:
 
 
 def run(root: Path, attack: str | None) -> tuple[list[Peer], Peer | None]:
-    honest = start_swarm(root, [1, 1, 2, 4], EXTRA)
+    honest = start_swarm(root, [1, 1, 2, 4], EXTRA, fork=True)  # ready in a second, not several
     attacker = None
     if attack:
         bootstrap = wait_for_address(honest[0])

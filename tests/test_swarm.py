@@ -108,3 +108,19 @@ def test_forked_peer_runs_murmur_in_its_own_session_and_stops_by_pid(tmp_path: P
     log = (tmp_path / "log.txt").read_text()
     assert "murmur: listening on /ip4/127.0.0.1/tcp/" in log and "Traceback" not in log
     assert (tmp_path / "p" / "metrics.jsonl").read_text().strip()  # it trained once told to start
+
+
+def test_local_swarm_peers_do_not_inherit_murmur_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from node.lab.swarm import peer_environment
+
+    monkeypatch.setenv("MURMUR_METRICS_PORT", "9100")  # every peer after the first could not bind it
+    monkeypatch.setenv("PATH_FOR_TEST", "kept")
+    env = peer_environment()
+    assert "MURMUR_METRICS_PORT" not in env and env["PATH_FOR_TEST"] == "kept"
+
+
+def test_only_murmur_run_peers_can_be_forked(tmp_path: Path) -> None:
+    from node.lab.swarm import start_peer
+
+    with pytest.raises(ValueError, match="only `murmur run` peers can be forked"):
+        start_peer(0, tmp_path, 1.0, [], None, command=["adversary"], fork=True)

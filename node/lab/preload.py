@@ -11,7 +11,8 @@ import gc
 
 import torch._dynamo  # noqa: F401
 
-import node.learn.tasks.charlm
+import node.learn.tasks.charlm  # noqa: F401
+import node.ops.node  # noqa: F401
 import node.ops.run  # noqa: F401
 
 gc.collect()

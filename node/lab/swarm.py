@@ -30,7 +30,7 @@ class Peer:
     index: int
     slowdown: float
     data_dir: Path
-    process: subprocess.Popen
+    process: subprocess.Popen | ForkedPeer
 
     def status(self) -> dict | None:
         try:
@@ -118,21 +118,28 @@ def _forked_murmur(argv: list[str], log_path: str) -> None:
 
 
 def start_peer(
-    index: int, root: Path, slowdown: float, extra: list[str], bootstrap: str | None, command: list[str] | None = None
+    index: int, root: Path, slowdown: float, extra: list[str], bootstrap: str | None, command: list[str] | None = None,
+    *, fork: bool = False,
 ) -> Peer:
     """Start `murmur run` (or `command`, e.g. an adversary) as peer `index` under `root`.
 
-    The peer runs one torch thread (`ONE_THREAD`) unless `extra` says otherwise.
+    The peer runs one torch thread (`ONE_THREAD`) unless `extra` says otherwise. With
+    `fork`, a `murmur run` peer is a `ForkedPeer`, ready in about a second; its command
+    line is then the fork server's, so look for it by PID, not by arguments.
     """
     data_dir = root / f"peer-{index}"
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / "addrs.txt").unlink(missing_ok=True)
+    if fork and command is not None:
+        raise ValueError("only `murmur run` peers can be forked")
     args = (command or murmur_command()) + [
         "run", "--data-dir", str(data_dir), "--listen", "/ip4/127.0.0.1/tcp/0",
         "--addr-file", str(data_dir / "addrs.txt"), "--slowdown", str(slowdown), *ONE_THREAD, *extra,
     ]
     if bootstrap:
         args += ["--bootstrap", bootstrap]
+    if fork:
+        return Peer(index, slowdown, data_dir, ForkedPeer(args[len(murmur_command()):], data_dir / "log.txt"))
     log = (data_dir / "log.txt").open("w")
     # A new session: Ctrl-C reaches only the controller, which stops peers by PID.
     process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=peer_environment())
@@ -152,13 +159,13 @@ def wait_for_address(peer: Peer, timeout: float = 60.0) -> str:
     raise SwarmError(f"peer {peer.index} published no address within {timeout:g}s")
 
 
-def start_swarm(root: Path, slowdowns: list[float], extra: list[str]) -> list[Peer]:
-    """Start one peer per slowdown; all bootstrap from the first. Stops all on failure."""
-    first = start_peer(0, root, slowdowns[0], extra, None)
+def start_swarm(root: Path, slowdowns: list[float], extra: list[str], *, fork: bool = False) -> list[Peer]:
+    """Start one peer per slowdown (`fork`: see `start_peer`); all bootstrap from the first. Stops all on failure."""
+    first = start_peer(0, root, slowdowns[0], extra, None, fork=fork)
     peers = [first]
     try:
         bootstrap = wait_for_address(first)
-        peers += [start_peer(i, root, s, extra, bootstrap) for i, s in enumerate(slowdowns[1:], start=1)]
+        peers += [start_peer(i, root, s, extra, bootstrap, fork=fork) for i, s in enumerate(slowdowns[1:], start=1)]
     except BaseException:
         stop_swarm(peers)
         raise
