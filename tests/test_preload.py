@@ -7,7 +7,7 @@ CHECK = """
 import gc, sys
 before = gc.get_freeze_count()
 import node.lab.preload
-print(before, gc.get_freeze_count(), *(m in sys.modules for m in ("torch._dynamo", "node.ops.run", "node.ops.node", "node.lab.sync_rank")))
+print(before, gc.get_freeze_count(), *(m in sys.modules for m in ("torch._dynamo", "node.ops.run", "node.ops.node", "node.learn.tasks.charlm")))
 """
 
 
