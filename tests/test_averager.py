@@ -132,6 +132,21 @@ async def test_exchange_merges_both_sides_to_the_work_weighted_mean() -> None:
         assert a.averager.outcomes["merged"] == b.averager.outcomes["merged"] == 1
 
 
+async def test_exchanges_before_anyone_trained_do_not_stop_later_merges() -> None:
+    # Peers that join and wait for a common start exchange identical, work-free models many
+    # times; none of that may teach screening a zero radius that clips every later merge.
+    async with peers(2) as (a, b):
+        for _ in range(12):
+            await a.averager.exchange_with(b.id, b.transport.addresses())
+            await settled(a, b)
+        a.steps(2)
+        b.steps(2)
+        outcome = await a.averager.exchange_with(b.id, b.transport.addresses())
+        await settled(a, b)
+        assert outcome.result == "merged" and outcome.remote_share == pytest.approx(0.5)
+        assert_state_close(a.state(), b.state())  # both moved to the mean
+
+
 @pytest.mark.parametrize(("wire_dtype", "resolution"), [("bfloat16", 2**-8), ("int8", 1 / 127)])
 async def test_lossy_wire_dtypes_move_both_sides_by_the_difference_of_their_quantized_models(
     wire_dtype: str, resolution: float

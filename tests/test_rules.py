@@ -118,7 +118,7 @@ def test_work_reason_states_the_partners_share() -> None:
     ("policy_name", "reason"), [("uniform", "uniform: equal shares"), ("work", "work: neither side has work, equal shares")]
 )
 def test_two_peers_without_work_take_equal_shares(policy_name: str, reason: str) -> None:
-    assert make_rule(policy_name).decide(0.0, 0.0) == MixDecision(0.5, 0.0, reason)
+    assert make_rule(policy_name).decide(0.0, 0.0) == MixDecision(0.5, 0.0, reason, screen=False)
 
 
 # --- newcomers ----------------------------------------------------------------------
@@ -167,3 +167,11 @@ def test_merge_delta_covers_the_snapshots_tensors_only() -> None:
     assert list(delta) == ["w"]
     assert torch.equal(delta["w"], torch.full((2,), 0.25))
     assert torch.equal(snapshot["w"], torch.zeros(2))  # inputs are not modified
+
+
+@pytest.mark.parametrize("policy_name", POLICY_NAMES)
+@given(w=weights)
+def test_a_peer_without_work_never_screens_its_partner(policy_name: str, w: float) -> None:
+    # Nothing of its own to defend; and screening identical initial models would learn a zero radius.
+    assert make_rule(policy_name).decide(0.0, w).screen is False
+    assert make_rule(policy_name).decide(1.0 + w, w).screen is True

@@ -67,3 +67,14 @@ def test_the_radius_widens_again_after_honest_drift() -> None:
     drifted = nudge(local, 0.5, 7)
     results = [screen.screen(local, drifted) for _ in range(64)]
     assert results[0].reason.startswith("clipped") and results[-1].reason == "accepted"
+
+
+def test_identical_models_teach_no_radius() -> None:
+    # Peers that just merged (or have not trained yet) exchange identical models: a zero
+    # distance in the history would make the radius zero and clip every later merge to nothing.
+    screen = ClippedGossip(min_history=4)
+    local = model()
+    for _ in range(10):
+        assert screen.screen(local, dict(local)) == screen.screen(local, dict(local))
+    assert not screen.history
+    assert screen.screen(local, nudge(local, 0.01, 1)).pull == 1.0

@@ -103,6 +103,8 @@ class ClippedGossip:
 
     def screen(self, local: Mapping[str, torch.Tensor], remote: Mapping[str, torch.Tensor]) -> Screening:
         distance = _distance(local, remote)
+        if distance == 0:  # identical models say nothing about honest spread: a zero radius would clip every merge
+            return Screening(1.0, "identical models", 0.0)
         norm = _norm(local)
         if distance > self.reject_ratio * max(norm, 1.0):
             reason = f"model is {distance:.3g} away, more than {self.reject_ratio:g}x our norm {norm:.3g}"

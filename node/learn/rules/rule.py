@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
@@ -24,8 +24,9 @@ from protocol.codec import pieces
 class MixDecision:
     """The partner's share of the merged model, the weight both sides keep, and why.
 
-    `screen` is False when the local side adopts as a newcomer: it has no model of
-    its own to defend, so the partner's is not screened against it.
+    `screen` is False while the local side has no work: it has no model of its own to
+    defend, so the partner's is not screened against it (and identical initial models
+    do not teach screening a radius of zero).
     """
 
     remote_share: float
@@ -85,7 +86,8 @@ class MergeRule(abc.ABC):
 
         A newcomer (no work) adopts its partner's model, whatever the rule.
         """
-        return newcomer_decision(local_weight, remote_weight) or self.mix(local_weight, remote_weight)
+        decision = newcomer_decision(local_weight, remote_weight) or self.mix(local_weight, remote_weight)
+        return replace(decision, screen=False) if local_weight == 0 else decision
 
     @abc.abstractmethod
     def mix(self, local_weight: float, remote_weight: float) -> MixDecision:
