@@ -27,7 +27,7 @@ from node.learn.tasks import DigitsTask
 from node.learn.trainer import Trainer
 from node.net.peers import PeerTable
 from node.net.security import BanList
-from node.net.transport import READ_CHUNK, ByteStream, FaultInjector, MemoryNetwork, MemoryTransport
+from node.net.transport import READ_CHUNK, ByteStream, FaultInjector, ForwardingStream, MemoryNetwork, MemoryTransport
 from protocol.exchange import AVERAGE, Exchange, Role
 from protocol.messages import Accept, Chunk, Offer, Params, encode_frame
 
@@ -174,26 +174,18 @@ async def test_lossy_wire_dtypes_move_both_sides_by_the_difference_of_their_quan
             assert (a.state()[name] - mean).abs().max() <= resolution * scale
 
 
-class _Tapped(ByteStream):
+class _Tapped(ForwardingStream):
     """A stream that calls `hook` once, just before its first read."""
 
     def __init__(self, inner: ByteStream, hook: Callable[[], None]) -> None:
-        self.inner, self.remote_peer, self.hook = inner, inner.remote_peer, hook
+        super().__init__(inner)
+        self.hook: Callable[[], None] | None = hook
 
     async def receive_some(self, max_bytes: int = READ_CHUNK) -> bytes:
         hook, self.hook = self.hook, None
         if hook is not None:
             hook()
         return await self.inner.receive_some(max_bytes)
-
-    async def send_all(self, data: bytes) -> None:
-        await self.inner.send_all(data)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    async def reset(self) -> None:
-        await self.inner.reset()
 
 
 class _TapFirstStream(MemoryTransport):

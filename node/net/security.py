@@ -30,7 +30,7 @@ from pathlib import Path
 
 import anyio
 
-from node.net.transport import READ_CHUNK, ByteStream, StreamHandler, Transport, TransportError
+from node.net.transport import READ_CHUNK, ByteStream, ForwardingStream, StreamHandler, Transport, TransportError
 from protocol.errors import RemoteProtocolError
 
 log = logging.getLogger("murmur.security")
@@ -105,26 +105,18 @@ class BanList:
         os.replace(tmp, self.path)
 
 
-class _Prefixed(ByteStream):
+class _Prefixed(ForwardingStream):
     """A stream whose first bytes were already read (during authentication)."""
 
     def __init__(self, inner: ByteStream, pending: bytes) -> None:
-        self.inner, self._pending, self.remote_peer = inner, pending, inner.remote_peer
+        super().__init__(inner)
+        self._pending = pending
 
     async def receive_some(self, max_bytes: int = READ_CHUNK) -> bytes:
         if self._pending:
             chunk, self._pending = self._pending[:max_bytes], self._pending[max_bytes:]
             return chunk
         return await self.inner.receive_some(max_bytes)
-
-    async def send_all(self, data: bytes) -> None:
-        await self.inner.send_all(data)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    async def reset(self) -> None:
-        await self.inner.reset()
 
 
 async def _read_exactly(stream: ByteStream, n: int) -> tuple[bytes, bytes]:

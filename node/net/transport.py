@@ -50,6 +50,26 @@ class ByteStream(abc.ABC):
 StreamHandler = Callable[[ByteStream], Awaitable[None]]
 
 
+class ForwardingStream(ByteStream):
+    """A stream that hands everything to `inner`: wrappers override only what they change."""
+
+    def __init__(self, inner: ByteStream) -> None:
+        self.inner = inner
+        self.remote_peer = inner.remote_peer
+
+    async def receive_some(self, max_bytes: int = READ_CHUNK) -> bytes:
+        return await self.inner.receive_some(max_bytes)
+
+    async def send_all(self, data: bytes) -> None:
+        await self.inner.send_all(data)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def reset(self) -> None:
+        await self.inner.reset()
+
+
 class Transport(abc.ABC):
     """Identity, listening addresses, handlers and outbound streams of one node."""
 

@@ -18,7 +18,7 @@ import anyio
 from prometheus_client import CollectorRegistry, Gauge, Histogram, Info, start_http_server
 from prometheus_client import Counter as PromCounter
 
-from node.net.transport import READ_CHUNK, ByteStream, StreamHandler
+from node.net.transport import READ_CHUNK, ByteStream, ForwardingStream, StreamHandler
 
 if TYPE_CHECKING:
     from node.averaging.averager import Outcome
@@ -40,30 +40,23 @@ class Traffic:
         self.sent: Counter[str] = Counter()
 
 
-class _CountingStream(ByteStream):
+class _CountingStream(ForwardingStream):
     def __init__(self, inner: ByteStream, protocol: str, traffic: Traffic) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._protocol = protocol
         self._traffic = traffic
-        self.remote_peer = inner.remote_peer
 
     async def receive_some(self, max_bytes: int = READ_CHUNK) -> bytes:
-        data = await self._inner.receive_some(max_bytes)
+        data = await self.inner.receive_some(max_bytes)
         self._traffic.received[self._protocol] += len(data)
         return data
 
     async def send_all(self, data: bytes) -> None:
-        await self._inner.send_all(data)
+        await self.inner.send_all(data)
         self._traffic.sent[self._protocol] += len(data)
 
-    async def close(self) -> None:
-        await self._inner.close()
-
-    async def reset(self) -> None:
-        await self._inner.reset()
-
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+        return getattr(self.inner, name)
 
 
 class CountingTransport:
