@@ -246,7 +246,7 @@ class Averager:
 
     async def _offence(self, peer_id: str, reason: str) -> None:
         """Strike `peer_id`; once banned, forget it and hang up."""
-        if self.bans.strike(peer_id, reason, self.runtime.wall()):
+        if self.bans.strike(peer_id, reason):  # Unix time: bans are saved and checked by the connection guard
             self.table.forget(peer_id)
             await self.transport.hang_up(peer_id)
 
