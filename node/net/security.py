@@ -24,13 +24,20 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
 
-from node.net.transport import READ_CHUNK, ByteStream, ForwardingStream, StreamHandler, Transport, TransportError
+from node.net.transport import (
+    READ_CHUNK,
+    ByteStream,
+    ForwardingStream,
+    ForwardingTransport,
+    StreamHandler,
+    Transport,
+    TransportError,
+)
 from protocol.errors import RemoteProtocolError
 
 log = logging.getLogger("murmur.security")
@@ -134,7 +141,7 @@ def _mac(secret: bytes, role: bytes, nonce_i: bytes, nonce_r: bytes, initiator: 
     return hmac.new(secret, message, hashlib.sha256).digest()
 
 
-class GuardedTransport(Transport):
+class GuardedTransport(ForwardingTransport):
     """Wraps a transport with the allow-list, swarm secret, ban list and per-peer stream cap."""
 
     def __init__(
@@ -146,8 +153,7 @@ class GuardedTransport(Transport):
         bans: BanList | None = None,
         max_streams_per_peer: int = 8,
     ) -> None:
-        self.inner = inner
-        self.peer_id = inner.peer_id
+        super().__init__(inner)
         self.allow = allow
         self.secret = secret
         self.bans = bans or BanList()
@@ -167,12 +173,6 @@ class GuardedTransport(Transport):
         if (peer_id, reason) not in self._logged:
             self._logged.add((peer_id, reason))
             log.warning("refused peer %s: %s", peer_id[-8:], reason)
-
-    def run(self, listen: Sequence[str]) -> AbstractAsyncContextManager[None]:
-        return self.inner.run(listen)
-
-    def addresses(self) -> list[str]:
-        return self.inner.addresses()
 
     def set_handler(self, protocol: str, handler: StreamHandler) -> None:
         async def guarded(stream: ByteStream) -> None:
@@ -218,9 +218,6 @@ class GuardedTransport(Transport):
         except BaseException:
             await stream.reset()
             raise
-
-    async def hang_up(self, peer_id: str) -> None:
-        await self.inner.hang_up(peer_id)
 
     async def _initiate_auth(self, stream: ByteStream, protocol: str) -> ByteStream:
         assert self.secret is not None

@@ -180,7 +180,30 @@ class MemoryTransport(Transport):
         return None
 
 
-class FaultInjector(Transport):
+class ForwardingTransport(Transport):
+    """A transport that hands everything to `inner`: wrappers override only what they change."""
+
+    def __init__(self, inner: Transport) -> None:
+        self.inner = inner
+        self.peer_id = inner.peer_id
+
+    def run(self, listen: Sequence[str]) -> AbstractAsyncContextManager[None]:
+        return self.inner.run(listen)
+
+    def addresses(self) -> list[str]:
+        return self.inner.addresses()
+
+    def set_handler(self, protocol: str, handler: StreamHandler) -> None:
+        self.inner.set_handler(protocol, handler)
+
+    async def open_stream(self, peer_id: str, addrs: Sequence[str], protocol: str) -> ByteStream:
+        return await self.inner.open_stream(peer_id, addrs, protocol)
+
+    async def hang_up(self, peer_id: str) -> None:
+        await self.inner.hang_up(peer_id)
+
+
+class FaultInjector(ForwardingTransport):
     """Wraps a transport and cuts it off from the peers in `blocked`: a partition inside the node.
 
     Outbound streams to a blocked peer fail with `TransportError`; inbound streams from
@@ -188,15 +211,8 @@ class FaultInjector(Transport):
     """
 
     def __init__(self, inner: Transport) -> None:
-        self.inner = inner
-        self.peer_id = inner.peer_id
+        super().__init__(inner)
         self.blocked: set[str] = set()
-
-    def run(self, listen: Sequence[str]) -> AbstractAsyncContextManager[None]:
-        return self.inner.run(listen)
-
-    def addresses(self) -> list[str]:
-        return self.inner.addresses()
 
     def set_handler(self, protocol: str, handler: StreamHandler) -> None:
         async def guarded(stream: ByteStream) -> None:
@@ -211,6 +227,3 @@ class FaultInjector(Transport):
         if peer_id in self.blocked:
             raise TransportError(f"cannot open {protocol} to {peer_id[-8:]}: partitioned (fault injection)")
         return await self.inner.open_stream(peer_id, addrs, protocol)
-
-    async def hang_up(self, peer_id: str) -> None:
-        await self.inner.hang_up(peer_id)
