@@ -1,11 +1,12 @@
 """`outer`: DiLoCo's outer optimizer made pairwise — Nesterov momentum on the pair's pseudo-gradient.
 
-The rule keeps an anchor (this peer's model right after its last merge) and a momentum
-buffer. At a merge the target is the pair's weighted mean model θ̄ (what its weighting
-rule, `work` by default, would merge to); the pseudo-gradient g = anchor − θ̄ holds the local training since
-the anchor plus the pull toward the partner. Then m ← μ·m + g and the new model is
-anchor − lr·(g + μ·m) (Nesterov), which becomes the next anchor. With lr 1 and μ 0
-it is exactly that weighting's averaging.
+The rule keeps an anchor (this peer's model right after its last merge; `reset`, which
+the trainer calls with its initial model, sets the first) and a momentum buffer. At a
+merge the target is the pair's weighted mean model θ̄ (what its weighting rule, `work`
+by default, would merge to); the pseudo-gradient g = anchor − θ̄ holds the local
+training since the anchor plus the pull toward the partner. Then m ← μ·m + g and the
+new model is anchor − lr·(g + μ·m) (Nesterov), which becomes the next anchor. With
+lr 1 and μ 0 it is exactly that weighting's averaging.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import torch
 
-from node.learn.rules.rule import MergeRule, MixDecision
+from node.learn.rules.rule import MergeDelta, MergeRule, MixDecision
 from node.learn.rules.work import WorkRule
 
 
@@ -42,12 +43,11 @@ class OuterRule(MergeRule):
         return MixDecision(decision.remote_share, decision.weight_after, f"outer step toward the {decision.reason}")
 
     def delta(self, snapshot: Mapping[str, torch.Tensor], remote: Mapping[str, torch.Tensor], share: float) -> _Delta:
-        if not self.anchor:  # the trainer resets every rule to its initial model; this is for standalone use
-            self.reset(snapshot)
+        averaging = MergeDelta(snapshot, remote, share)  # where plain averaging would move the model
         delta = _Delta()
         for name in snapshot:
             local = snapshot[name]
-            target = local + share * (remote[name] - local)
+            target = local + averaging[name]
             gradient = self.anchor[name] - target
             velocity = self.velocity[name].mul_(self.momentum).add_(gradient)
             moved = self.anchor[name] - self.lr * (gradient + self.momentum * velocity)
