@@ -14,13 +14,13 @@ import sys
 from pathlib import Path
 
 from node.ops import run
-from node.ops.config import DEFAULT_DATA_DIR, add_options
+from node.ops.config import DEFAULT_DATA_DIR
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="murmur", description="Decentralized gossip training of PyTorch models.")
     sub = parser.add_subparsers(dest="command", required=True)
-    add_options(sub.add_parser("run", help="run a peer (the daemon)"))
+    sub.add_parser("run", help="run a peer (the daemon; see --help)", add_help=False)  # parsed by node.ops.run
     demo = sub.add_parser("demo", help="run a local swarm of emulated heterogeneous peers")
     demo.add_argument("--peers", type=int, default=4)
     demo.add_argument("--slowdowns", default="1,1,2,4", help="comma-separated slowdown per peer (cycled)")

@@ -19,9 +19,9 @@ from dockerfile_parse import DockerfileParser
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from node.cli import build_parser
 from node.net.identity import load_or_create_identity, peer_id_of
 from node.net.membership import parse_bootstrap
+from node.ops.run import build_run_parser
 from node.ops.status import build_parser as build_status_parser
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +46,7 @@ def _container_argv() -> list[str]:
 
 def _run_args(argv: list[str]):
     assert argv[:2] == ["murmur", "run"], argv
-    return build_parser().parse_args(argv[1:])
+    return build_run_parser().parse_args(argv[2:])
 
 
 def _healthcheck() -> tuple[dict[str, str], list[str]]:
@@ -124,8 +124,8 @@ def test_runs_as_a_non_root_user_with_a_data_volume_and_the_p2p_port() -> None:
 
 
 def test_entrypoint_is_murmur_run_on_the_volume_the_port_and_any_device() -> None:
+    assert _container_argv()[:2] == ["murmur", "run"]
     args = _run_args(_container_argv())
-    assert args.command == "run"
     assert str(args.data_dir) == "/data"
     assert args.device == "auto"
     assert args.listen == ["/ip4/0.0.0.0/tcp/4001"]  # every interface, the EXPOSEd port
