@@ -81,7 +81,7 @@ def test_swarm_peers_are_started_with_one_torch_thread_each(tmp_path: Path, monk
 
     monkeypatch.setattr(bench, "ForkedPeer", Exited)
     with pytest.raises(RuntimeError, match="peer 0 exited"):
-        bench.run_murmur("digits", [1.0, 2.0], "work", 3, 5.0, tmp_path / "run")
+        bench.run_murmur("digits", [1.0, 2.0], "murmur-work", 3, 5.0, tmp_path / "run")
     assert [argv[0] for argv in started] == ["run", "run"]
     args = [build_run_parser().parse_args(argv[1:]) for argv in started]
     assert [a.threads for a in args] == [1, 1]  # two peers share this machine: the node itself would not limit them

@@ -6,9 +6,16 @@ one torch thread per peer):
 
   sync-equal         real torch.distributed (gloo) all-reduce, equal batches
   sync-proportional  the same, batches proportional to speed, sample-weighted
-  murmur-uniform     `murmur run` processes over libp2p (forked from a preloaded server), uniform merge weights
+  diloco             synchronous DiLoCo: H local steps per rank, then a gloo all-reduce of the
+                     pseudo-gradients and an outer Nesterov step (equal H everywhere)
+  murmur-uniform     `murmur run` processes over libp2p (forked from a preloaded server), plain
+                     pairwise averaging (`--merge average`), uniform merge weights
   murmur-work        the same with work weighting
+  murmur             `murmur run` as it comes: its default configuration
   ideal              every peer alone at once (no exchanges): Σ standalone speeds
+
+Every method trains with its task's learning rate times its scale in `TASKS[task]["lr_scale"]`,
+chosen by `murmur bench --sweep-lr` (best time to target over a ×2 grid; see docs/bench.md).
 
 Metrics: wall time until the median peer's held-out metric reaches the target (1 s
 evaluation grid, start-up excluded: Murmur peers join first and start together once all
@@ -18,6 +25,7 @@ markdown table to `--out`.
 
     murmur bench --quick            # ~50 s: digits, headline mix, 1 seed
     murmur bench                    # default (see DEFAULT below), measured 14.4 min on 2 cores
+    murmur bench --sweep-lr         # learning-rate sweep of sync-equal and murmur (separate run)
 """
 
 from __future__ import annotations
@@ -47,16 +55,29 @@ MIXES = {
     "extreme": [1.0, 1.0, 1.0, 10.0],
     "pair": [1.0, 2.0],  # the smallest swarm, for the harness test
 }
-# Fixed workloads; step_time pads every step to S x step_time ms per 32 samples.
+# Fixed workloads; step_time pads every step to S x step_time ms per 32 samples. `lr_scale`: each
+# method's learning-rate multiplier, from `--sweep-lr` (methods not listed train at 1); `local_steps`: diloco's H.
 TASKS = {
-    "digits": {"step_time": 20.0, "target": 0.95, "metric": "accuracy", "higher": True, "max_s": 120.0},
+    "digits": {"step_time": 20.0, "target": 0.95, "metric": "accuracy", "higher": True, "max_s": 120.0,
+               "lr_scale": {}, "local_steps": 8},
     # A charlm step computes for ~24 ms on one core: at 80 ms the headline mix keeps ~0.8 of the 2 cores
     # busy training (at 40 ms it needed 1.65 and the emulated devices fell ~20 % behind their speeds).
-    "charlm": {"step_time": 80.0, "target": 2.5, "metric": "loss", "higher": False, "max_s": 120.0},
+    "charlm": {"step_time": 80.0, "target": 2.5, "metric": "loss", "higher": False, "max_s": 120.0,
+               "lr_scale": {}, "local_steps": 8},
 }
-METHODS = ["sync-equal", "sync-proportional", "murmur-uniform", "murmur-work"]
+METHODS = ["sync-equal", "sync-proportional", "diloco", "murmur-uniform", "murmur-work", "murmur"]
+# What each Murmur method tells `murmur run` beyond the workload; `murmur` keeps every default.
+MURMUR_ARGS = {
+    "murmur-uniform": ["--merge", "average", "--weighting", "uniform"],
+    "murmur-work": ["--merge", "average", "--weighting", "work"],
+    "murmur": [],
+}
+SWEEP_METHODS = ["sync-equal", "murmur"]
+SWEEP_SCALES = [0.25, 0.5, 1.0, 2.0]  # ×2 grid around each task's own learning rate
 DEFAULT = {"tasks": ["digits", "charlm"], "mixes": {"digits": ["homogeneous", "mild", "headline", "extreme"], "charlm": ["headline"]}, "seeds": [0, 1, 2], "max_s": {"digits": 25.0, "charlm": 60.0}}
 QUICK = {"tasks": ["digits"], "mixes": {"digits": ["headline"]}, "seeds": [0], "max_s": {"digits": 20.0}}
+SWEEP = {"tasks": ["charlm", "digits"], "mixes": {"charlm": ["headline"], "digits": ["headline"]}, "seeds": [0, 1],
+         "max_s": DEFAULT["max_s"], "runs": [(m, s) for s in SWEEP_SCALES for m in SWEEP_METHODS]}
 START_MARGIN_S = 0.3  # from the start file's writing to the start time it holds: every peer reads it in time
 
 
@@ -78,9 +99,9 @@ def _reached(value: float, target: float, higher: bool) -> bool:
 
 
 def run_murmur(
-    task: str, slowdowns: list[float], weighting: str | None, seed: int, max_s: float, root: Path, average_every: float = 0.1
+    task: str, slowdowns: list[float], method: str, seed: int, max_s: float, root: Path, lr_scale: float = 1.0
 ) -> dict[str, Any]:
-    """Run one swarm (or, with `weighting=None`, lone peers for the ideal); return its results.
+    """Run one swarm of Murmur `method` (or, with `method="ideal"`, lone peers); return its results.
 
     Peers join first; once every peer is ready (status phase "waiting", knowing all the
     others) the start file tells them all one start time, t=0 of the run.
@@ -98,17 +119,17 @@ def run_murmur(
             "run", "--task", task, "--data-dir", str(data_dir), "--listen", f"/ip4/127.0.0.1/tcp/{ports[i]}",
             "--slowdown", str(slowdown), "--step-time", str(spec["step_time"]), "--duration", str(max_s),
             "--start-file", str(start_file), "--shard", str(1000 * seed + i), "--record-params", "--log-level", "WARNING",
-            *ONE_THREAD,
+            "--lr-scale", str(lr_scale), *ONE_THREAD,
         ]
-        if weighting is None:
+        if method == "ideal":
             args += ["--average-every", "1e9"]  # alone: no bootstrap, no exchanges
         else:
-            args += ["--weighting", weighting, "--average-every", str(average_every)] + (["--bootstrap", first] if i else [])
+            args += MURMUR_ARGS[method] + (["--bootstrap", first] if i else [])
         data_dir.mkdir(exist_ok=True)  # peer 0 has its key already
         procs.append(ForkedPeer(args, data_dir / "log.txt"))
     try:
         joined = time.monotonic()
-        _wait_until_ready(procs, dirs, others=0 if weighting is None else len(slowdowns) - 1)
+        _wait_until_ready(procs, dirs, others=0 if method == "ideal" else len(slowdowns) - 1)
         start_at = time.time() + START_MARGIN_S
         (root / "start-at.tmp").write_text(repr(start_at))
         (root / "start-at.tmp").replace(start_file)
@@ -117,12 +138,12 @@ def run_murmur(
         while time.time() < deadline and any(p.poll() is None for p in procs):
             time.sleep(0.5)
             grid = _median_curve(dirs, spec["metric"], start_at)
-            if weighting is not None and grid and _reached(grid[-1]["value"], spec["target"], spec["higher"]):
+            if method != "ideal" and grid and _reached(grid[-1]["value"], spec["target"], spec["higher"]):
                 time.sleep(1.0)  # one more grid point, then stop everyone
                 break
     finally:
         codes = stop_processes(procs, timeout=20)
-    result = _murmur_result(task, slowdowns, weighting, dirs, start_at, codes)
+    result = _murmur_result(task, slowdowns, method, dirs, start_at, codes)
     result["startup_s"] = startup_s
     return result
 
@@ -186,13 +207,13 @@ def _consensus(dirs: list[Path]) -> list[dict]:
     return out
 
 
-def _murmur_result(task: str, slowdowns: list[float], weighting: str | None, dirs: list[Path], start_at: float, codes: list) -> dict:
+def _murmur_result(task: str, slowdowns: list[float], method: str, dirs: list[Path], start_at: float, codes: list) -> dict:
     spec = TASKS[task]
     curve = _median_curve(dirs, spec["metric"], start_at)
     statuses = [_status(d) for d in dirs]
     ttt = next((c["t"] for c in curve if _reached(c["value"], spec["target"], spec["higher"])), None)
     return {
-        "method": f"murmur-{weighting}" if weighting else "ideal",
+        "method": method,
         "task": task, "slowdowns": slowdowns, "exit_codes": codes,
         "curve": [{"t": c["t"], "samples": c["samples"], spec["metric"]: c["value"]} for c in curve],
         "time_to_target": ttt,
@@ -204,10 +225,20 @@ def _murmur_result(task: str, slowdowns: list[float], weighting: str | None, dir
     }
 
 
-def run_sync_method(task: str, slowdowns: list[float], mode: str, seed: int, max_s: float) -> dict:
-    """Run the synchronous baseline in `mode` on the same workload as the swarms (its ranks run one thread each)."""
+def run_method(task: str, slowdowns: list[float], method: str, seed: int, max_s: float, root: Path, lr_scale: float | None = None) -> dict:
+    """Run one method (or the ideal) on the task's workload at `lr_scale` (default: the task's chosen scale)."""
     spec = TASKS[task]
-    return run_sync(task, slowdowns, mode, max_s, spec["step_time"], spec["target"], seed=seed)
+    scale = spec["lr_scale"].get(method, 1.0) if lr_scale is None else lr_scale
+    if method == "ideal":
+        result = run_murmur(task, slowdowns, method, seed, 6.0, root)
+    elif method in MURMUR_ARGS:
+        result = run_murmur(task, slowdowns, method, seed, max_s, root, scale)
+    else:  # the synchronous baselines: their ranks run one thread each, like the peers
+        mode = "diloco" if method == "diloco" else method.removeprefix("sync-")
+        result = run_sync(task, slowdowns, mode, max_s, spec["step_time"], spec["target"], seed=seed, lr_scale=scale,
+                          local_steps=spec["local_steps"])
+    result["lr_scale"] = scale
+    return result
 
 
 def _at_samples(result: dict, metric: str, samples: float) -> float | None:
@@ -236,18 +267,15 @@ def run_bench(config: dict, out: Path) -> dict:
                 max_s = config["max_s"][task]
                 group = []
                 # The ideal is calibrated for every seed, next to the runs it is compared with.
-                for method in ["ideal", *METHODS]:
-                    print(f"[bench] {task} seed {seed} {mix} {slowdowns}: {method}", flush=True)
-                    run_dir = out / "runs" / f"{task}-{mix}-s{seed}-{method}"
+                for method, scale in [("ideal", None), *config.get("runs", [(m, None) for m in METHODS])]:
+                    label = method if scale is None else f"{method}@lr×{scale:g}"
+                    print(f"[bench] {task} seed {seed} {mix} {slowdowns}: {label}", flush=True)
                     began = time.monotonic()
-                    if method.startswith("sync"):
-                        r = run_sync_method(task, slowdowns, method.split("-")[1], seed, max_s)
-                    else:
-                        r = run_murmur(task, slowdowns, None if method == "ideal" else method.split("-")[1], seed, 6.0 if method == "ideal" else max_s, run_dir)
-                    r.update(mix=mix, seed=seed, run_wall_s=time.monotonic() - began)  # start-up and teardown included
+                    r = run_method(task, slowdowns, method, seed, max_s, out / "runs" / f"{task}-{mix}-s{seed}-{label}", scale)
+                    r.update(mix=mix, seed=seed, label=label, run_wall_s=time.monotonic() - began)  # start-up and teardown included
                     group.append(r)
                 for g in score(group):
-                    print(f"  {g['method']:18s} ttt={g.get('time_to_target') if g['method'] != 'ideal' else '-'} samples/s={g['samples_per_s']:.0f} ({(g['pct_of_ideal'] or 0):.0%} of ideal) "
+                    print(f"  {g['label']:18s} ttt={g.get('time_to_target') if g['method'] != 'ideal' else '-'} samples/s={g['samples_per_s']:.0f} ({(g['pct_of_ideal'] or 0):.0%} of ideal) "
                           f"max idle={max(p['idle_fraction'] for p in g['peers']):.1%} {TASKS[task]['metric']} at equal samples={g['metric_at_equal_samples']}", flush=True)
                 results += group
                 (out / "results.json").write_text(json.dumps({"config": config, "results": results}, indent=1))
@@ -258,9 +286,13 @@ def score(group: list[dict]) -> list[dict]:
     """Add % of ideal and the metric at equal samples to one task, seed and mix's runs (ideal first)."""
     metric = TASKS[group[0]["task"]]["metric"]
     ideal = next(g["samples_per_s"] for g in group if g["method"] == "ideal")
-    # Equal samples: as many as sync-equal needed to reach its target (a method that stopped before has none).
-    budget = next((g["curve"][-1]["samples"] for g in group if g["method"] == "sync-equal" and g["curve"]), None)
+    # Equal samples: as many as sync-equal needed to reach its target (a method that stopped before has none);
+    # in a sweep, the best-tuned sync-equal's.
+    syncs = [g for g in group if g["method"] == "sync-equal" and g["curve"]]
+    best = min(syncs, key=lambda g: g.get("time_to_target") or float("inf"), default=None)
+    budget = best["curve"][-1]["samples"] if best else None
     for g in group:
+        g.setdefault("label", g["method"])
         g["pct_of_ideal"] = g["samples_per_s"] / ideal if ideal else None
         g["metric_at_equal_samples"] = _at_samples(g, metric, budget) if budget and g["method"] != "ideal" else None
     return group
@@ -271,6 +303,12 @@ def report(run: dict, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(run, indent=1))
     summary = summarize(run["results"]) + f"\nBenchmark wall time: {run['wall_s'] / 60:.1f} min ({len(run['results'])} runs).\n"
+    if "runs" in run["config"]:  # a sweep: its verdict is what the default run should use
+        run["chosen_lr_scale"] = chosen = choose_lr(run["results"])
+        summary += "\nBest learning rate (median time to target, then metric at equal samples): " + "; ".join(
+            f"{task} {method} {base_lr(task) * scale:.3g} (×{scale:g})" for task, picks in chosen.items() for method, scale in picks.items()
+        ) + ".\n"
+        (out / "results.json").write_text(json.dumps(run, indent=1))
     (out / "summary.md").write_text(summary)
     plot(run["results"], out)
     print(summary)
@@ -297,24 +335,62 @@ def _med(values: list[float], digits: int = 2) -> str:
     return format(statistics.median(values), f) + (f" ({min(values):{f}}–{max(values):{f}})" if len(values) > 1 else "")
 
 
+def _labels(results: list[dict]) -> list[str]:
+    """The runs' labels (methods, or sweep points), in the order they ran, ideal last."""
+    labels = list(dict.fromkeys(r.get("label", r["method"]) for r in results if r["method"] != "ideal"))
+    return labels + ["ideal"]
+
+
+def base_lr(task: str) -> float:
+    """The learning rate the task's own optimizer starts with (its first parameter group's)."""
+    from node.learn.tasks import load_task
+
+    spec = load_task(task)
+    return spec.make_optimizer(spec.build_model()).param_groups[0]["lr"]
+
+
 def summarize(results: list[dict]) -> str:
-    lines = ["| task | mix | method | time to target s | vs sync-equal | samples/s | % of ideal | max peer idle | metric at equal samples |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| task | mix | method | time to target s | vs sync-equal | samples/s | % of ideal | max peer idle | metric at equal samples | lr |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     keys = sorted({(r["task"], r["mix"]) for r in results}, key=lambda k: (k[0], list(MIXES).index(k[1])))
     for task, mix in keys:
-        for method in METHODS + ["ideal"]:
-            rs = [r for r in results if (r["task"], r["mix"], r["method"]) == (task, mix, method)]
+        lr = base_lr(task)
+        for label in _labels(results):
+            rs = [r for r in results if (r["task"], r["mix"], r.get("label", r["method"])) == (task, mix, label)]
+            if not rs:
+                continue
             ratios = []
             for r in rs:
-                base = next((b for b in results if (b["task"], b["mix"], b["seed"], b["method"]) == (task, mix, r["seed"], "sync-equal")), None)
-                if method != "ideal" and base and base.get("time_to_target") and r.get("time_to_target"):
-                    ratios.append(r["time_to_target"] / base["time_to_target"])
+                syncs = [b for b in results if (b["task"], b["mix"], b["seed"], b["method"]) == (task, mix, r["seed"], "sync-equal")]
+                base = min((b["time_to_target"] for b in syncs if b.get("time_to_target")), default=None)  # the best-tuned
+                if label != "ideal" and base and r.get("time_to_target"):
+                    ratios.append(r["time_to_target"] / base)
+            scale = rs[0].get("lr_scale")
             lines.append(
-                f"| {task} | {mix} | {method} | {_med([r.get('time_to_target') for r in rs]) if method != 'ideal' else '—'} | {_med(ratios)} | "
+                f"| {task} | {mix} | {label} | {_med([r.get('time_to_target') for r in rs]) if label != 'ideal' else '—'} | {_med(ratios)} | "
                 f"{_med([r['samples_per_s'] for r in rs])} | {_med([r['pct_of_ideal'] for r in rs])} | "
-                f"{_med([max(p['idle_fraction'] for p in r['peers']) for r in rs])} | {_med([r.get('metric_at_equal_samples') for r in rs], 3)} |"
+                f"{_med([max(p['idle_fraction'] for p in r['peers']) for r in rs])} | {_med([r.get('metric_at_equal_samples') for r in rs], 3)} | "
+                f"{f'{lr * scale:.3g} (×{scale:g})' if scale and label != 'ideal' else '—'} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def choose_lr(results: list[dict]) -> dict[str, dict[str, float]]:
+    """Per task and method, the swept scale with the best median time to target (then metric at equal samples)."""
+    chosen: dict[str, dict[str, float]] = {}
+    for task in sorted({r["task"] for r in results}):
+        higher = TASKS[task]["higher"]
+        for method in SWEEP_METHODS:
+            scores = []
+            for scale in sorted({r["lr_scale"] for r in results if (r["task"], r["method"]) == (task, method)}):
+                rs = [r for r in results if (r["task"], r["method"], r["lr_scale"]) == (task, method, scale)]
+                ttt = statistics.median(r.get("time_to_target") or float("inf") for r in rs)
+                at_equal = [r["metric_at_equal_samples"] for r in rs if r.get("metric_at_equal_samples") is not None]
+                quality = statistics.median(at_equal) if at_equal else float("nan")
+                scores.append((ttt, -quality if higher else quality, scale))
+            if scores:
+                chosen.setdefault(task, {})[method] = min(scores, key=lambda s: (s[0], s[1] if s[1] == s[1] else float("inf")))[2]
+    return chosen
 
 
 def plot(results: list[dict], out: Path) -> None:
@@ -328,9 +404,10 @@ def plot(results: list[dict], out: Path) -> None:
         mixes = [m for m in MIXES if any(r["task"] == task and r["mix"] == m for r in results)]
         fig, axes = plt.subplots(1, len(mixes), figsize=(5 * len(mixes), 4), squeeze=False)
         for ax, mix in zip(axes[0], mixes):
-            for method, style in zip(METHODS, ["k--", "k:", "C0-", "C1-"]):
-                for i, r in enumerate(r for r in results if (r["task"], r["mix"], r["method"]) == (task, mix, method)):
-                    ax.plot([c["t"] for c in r["curve"]], [c[metric] for c in r["curve"]], style, alpha=0.7, label=method if i == 0 else None)
+            for j, label in enumerate(_labels(results)[:-1]):
+                for i, r in enumerate(r for r in results if (r["task"], r["mix"], r.get("label", r["method"])) == (task, mix, label)):
+                    ax.plot([c["t"] for c in r["curve"]], [c[metric] for c in r["curve"]], color=f"C{j}",
+                            ls="--" if r["method"].startswith(("sync", "diloco")) else "-", alpha=0.7, label=label if i == 0 else None)
             ax.axhline(TASKS[task]["target"], color="grey", lw=0.5)
             ax.set_title(f"{task}, {mix} {MIXES[mix]}")
             ax.set_xlabel("wall time (s)")
@@ -340,10 +417,12 @@ def plot(results: list[dict], out: Path) -> None:
         fig.savefig(out / f"{task}-metric-vs-time.png", dpi=100)
         plt.close(fig)
         fig, ax = plt.subplots(figsize=(6, 4))
-        for j, method in enumerate(METHODS):
-            ys = [statistics.median([r["pct_of_ideal"] for r in results if (r["task"], r["mix"], r["method"]) == (task, m, method)] or [0]) for m in mixes]
-            ax.bar([i + 0.2 * j for i in range(len(mixes))], ys, width=0.2, label=method)
-        ax.set_xticks([i + 0.3 for i in range(len(mixes))], mixes)
+        labels = _labels(results)[:-1]
+        width = 0.8 / len(labels)
+        for j, label in enumerate(labels):
+            ys = [statistics.median([r["pct_of_ideal"] for r in results if (r["task"], r["mix"], r.get("label", r["method"])) == (task, m, label)] or [0]) for m in mixes]
+            ax.bar([i + width * j for i in range(len(mixes))], ys, width=width, label=label)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(mixes))], mixes)
         ax.set_ylabel("throughput, fraction of ideal")
         ax.legend(fontsize=7)
         fig.tight_layout()
@@ -358,13 +437,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mixes", default=None, help=f"comma-separated mixes from {list(MIXES)}")
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds")
     parser.add_argument("--out", type=Path, default=Path("results/bench"))
+    parser.add_argument("--sweep-lr", action="store_true",
+                        help=f"run {SWEEP_METHODS} at learning-rate scales {SWEEP_SCALES} instead and print the best of each "
+                             "(default: charlm and digits, headline mix, 2 seeds)")
     parser.add_argument("--rescore", type=Path, default=None, metavar="RESULTS_JSON",
                         help="run nothing: score an earlier run's results.json again and write the table and plots to --out")
     args = parser.parse_args(argv)
     if args.rescore:
         rescore(args.rescore, args.out)
         return 0
-    config = json.loads(json.dumps(QUICK if args.quick else DEFAULT))
+    config = json.loads(json.dumps(QUICK if args.quick else SWEEP if args.sweep_lr else DEFAULT))
     if args.tasks:
         config["tasks"] = args.tasks.split(",")
         for t in config["tasks"]:

@@ -7,7 +7,7 @@ same optimizer step, so the model stays identical everywhere. The rank's side is
 `node.lab.sync_rank`; this module starts the ranks, collects their results and
 reports them.
 
-Modes:
+Modes (`diloco`: see `node.lab.sync_rank`):
   equal         every rank uses the task's `batch_size`; gradients are averaged.
   proportional  rank r uses round(B * n * speed_r / sum(speeds)) samples (>= 1),
                 speed_r = 1 / slowdown_r; gradients are sample-weighted: each rank
@@ -110,6 +110,10 @@ def run_sync(
     *,
     pg_timeout_s: float = 60.0,
     timeout_s: float | None = None,
+    lr_scale: float = 1.0,
+    local_steps: int = 16,
+    outer_lr: float = 0.7,
+    outer_momentum: float = 0.9,
 ) -> dict[str, Any]:
     """Train `task_name` synchronously on len(slowdowns) ranks; return the results dict.
 
@@ -117,7 +121,9 @@ def run_sync(
     or until the held-out metric reaches `target`. `seed` shifts every rank's data
     shard (rank + 1000 * seed). Collectives time out after `pg_timeout_s`; the whole
     run is abandoned after `timeout_s` (default 600 + 2 * duration). Any rank failure
-    ends all ranks and raises `RankFailed` with the rank's traceback.
+    ends all ranks and raises `RankFailed` with the rank's traceback. `lr_scale`
+    multiplies the task's learning rate; `local_steps`, `outer_lr` and `outer_momentum`
+    configure mode `diloco` (see `node.lab.sync_rank`).
 
     Returns {"method", "task", "mode", "metric", "slowdowns", "step_time_ms", "target",
     "curve": [{"t", "samples", <metrics>...}], "time_to_target", "samples_per_s",
@@ -135,7 +141,8 @@ def run_sync(
     store = _free_store(timedelta(seconds=pg_timeout_s))
     cfg = Config(
         task_name, tuple(float(s) for s in slowdowns), mode, float(duration), step_time_ms, target,
-        float(eval_every), int(seed), store.port, float(pg_timeout_s),
+        float(eval_every), int(seed), store.port, float(pg_timeout_s), float(lr_scale), int(local_steps),
+        float(outer_lr), float(outer_momentum),
     )  # fmt: skip
     # Ranks fork from a server that has imported torch once: a fresh interpreter per rank
     # would spend seconds importing it again on every run (start-up is excluded from the
@@ -168,7 +175,7 @@ def run_sync(
     peers = [{k: outputs[r][k] for k in peer_keys} for r in range(n)]
     total = sum(p["samples"] for p in peers)
     return {
-        "method": f"sync-{mode}",
+        "method": "diloco" if mode == "diloco" else f"sync-{mode}",
         "task": head["task"],
         "mode": mode,
         "metric": head["metric"],
@@ -230,13 +237,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=float, default=None, help="stop when the task metric reaches this")
     parser.add_argument("--eval-every", type=float, default=1.0, help="seconds of training time between evaluations")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr-scale", type=float, default=1.0, help="multiply the task's learning rate")
+    parser.add_argument("--local-steps", type=int, default=16, help="diloco: inner steps between syncs")
     parser.add_argument("--pg-timeout", type=float, default=60.0, help="collective timeout, seconds")
     parser.add_argument("--out", type=Path, default=None, help="write the results JSON here")
     args = parser.parse_args(argv)
     slowdowns = [float(s) for s in args.slowdowns.split(",") if s.strip()]
     result = run_sync(
         args.task, slowdowns, args.mode, args.duration, args.step_time_ms, args.target, args.eval_every, args.seed,
-        pg_timeout_s=args.pg_timeout,
+        pg_timeout_s=args.pg_timeout, lr_scale=args.lr_scale, local_steps=args.local_steps,
     )  # fmt: skip
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,13 @@ optimizer step (the `before_update` hook) it
 3. all-reduces the buffer (which doubles as the per-step barrier) and sets every
    gradient to its slice divided by the total weight, so every rank takes the same step.
 
+Mode `diloco` (synchronous DiLoCo) instead steps every rank alone, with its own inner
+optimizer, for `local_steps` steps; then the ranks all-reduce their pseudo-gradients
+(anchor − parameters, the buffer again carrying the control slots) and every rank takes
+the same outer Nesterov step from the shared anchor, as torchft's DiLoCo does by setting
+`p.grad` and stepping `torch.optim.SGD(nesterov=True)`. Equal `local_steps` on every
+rank: each sync waits for the slowest. Evaluations and the end fall on syncs.
+
 Clock: each rank starts it when it leaves a barrier that all ranks reach once ready
 (start-up excluded). Compute time is the step minus the all-reduce; communication is
 the all-reduce (waiting for the slowest rank included). Rank 0 owns the clock: before
@@ -38,10 +45,10 @@ from typing import Any, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
-from node.learn.step import Pacing, train_step
+from node.learn.step import Pacing, scale_learning_rate, train_step
 from node.learn.tasks import Batch, Task, load_task
 
-MODES = ("equal", "proportional")
+MODES = ("equal", "proportional", "diloco")
 HOST = "127.0.0.1"
 EVAL_SLOT, STOP_SLOT = 0, 1  # control slots after the gradients in the all-reduce buffer
 
@@ -60,19 +67,23 @@ class Config:
     seed: int
     port: int
     pg_timeout_s: float
+    lr_scale: float = 1.0  # multiplies the task's learning rate (the sweep's knob)
+    local_steps: int = 16  # diloco: inner steps between syncs
+    outer_lr: float = 0.7  # diloco's outer Nesterov step
+    outer_momentum: float = 0.9
 
 
 def batch_sizes(base: int, slowdowns: Sequence[float], mode: str) -> list[int]:
     """Return each rank's per-step batch for `mode`; raises `ValueError` for an unknown mode.
 
-    equal: `base` everywhere. proportional: round-half-up of
+    equal and diloco: `base` everywhere. proportional: round-half-up of
     base * n * speed_r / sum(speeds), at least 1, with speed_r = 1 / slowdown_r,
     so the whole step holds about n * base samples split by speed.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     n = len(slowdowns)
-    if mode == "equal":
+    if mode != "proportional":
         return [base] * n
     speeds = [1.0 / s for s in slowdowns]
     total = sum(speeds)
@@ -150,6 +161,7 @@ def train(rank: int, cfg: Config) -> dict[str, Any]:
         for t in itertools.chain(model.parameters(), model.buffers()):
             dist.broadcast(t, src=0)
     optimizer = task.make_optimizer(model)
+    scale_learning_rate(optimizer, cfg.lr_scale)
     torch.manual_seed(1000 * cfg.seed + rank)  # per-rank randomness (dropout etc.)
     params = [p for p in model.parameters() if p.requires_grad]
     numel = sum(p.numel() for p in params)
@@ -172,14 +184,20 @@ def train(rank: int, cfg: Config) -> dict[str, Any]:
     next_eval = cfg.eval_every
     steps, compute_s, comm_s = 0, 0.0, 0.0
     t0 = t1 = t2 = 0.0  # this step's start, and its all-reduce's start and end
+    diloco = cfg.mode == "diloco"
+    if diloco:  # the shared anchor is what the outer optimizer steps
+        anchor = [p.detach().clone().requires_grad_(True) for p in params]
+        outer = torch.optim.SGD(anchor, lr=cfg.outer_lr, momentum=cfg.outer_momentum, nesterov=cfg.outer_momentum > 0)
 
-    def all_reduce_gradients() -> None:
-        """`train_step`'s hook: the emulated device's extra time, then the synchronous all-reduce."""
-        nonlocal t1, t2
+    def pace() -> None:
+        """The emulated device's extra time for this step's compute."""
         time.sleep(pacing.padding(time.monotonic() - t0, batch))
-        pack(params, flat, weight)
+
+    def all_reduce() -> None:
+        """All-reduce `flat` with the control slots rank 0 sets: it owns the clock, evaluations and the end."""
+        nonlocal t1, t2
         flat[numel:] = 0.0
-        if rank == 0:  # rank 0 owns the clock: it decides evaluations and the end
+        if rank == 0:
             now = train_time()
             stop = now >= cfg.duration
             flat[numel + EVAL_SLOT] = float(stop or now >= next_eval)  # always evaluate at the end
@@ -187,13 +205,38 @@ def train(rank: int, cfg: Config) -> dict[str, Any]:
         t1 = time.monotonic()
         dist.all_reduce(flat)  # waits for the slowest rank
         t2 = time.monotonic()
+
+    def all_reduce_gradients() -> None:
+        """`train_step`'s hook in the synchronous modes: pace, then average the gradients."""
+        pace()
+        pack(params, flat, weight)
+        all_reduce()
         unpack(params, flat, total_weight)
+
+    @torch.no_grad()
+    def outer_step() -> None:
+        """DiLoCo's sync: the mean pseudo-gradient (anchor − parameters) steps the anchor; every rank restarts from it."""
+        offset = 0
+        for a, p in zip(anchor, params):
+            flat[offset : offset + p.numel()].copy_(a.reshape(-1)).sub_(p.reshape(-1))
+            offset += p.numel()
+        all_reduce()
+        unpack(anchor, flat, float(n))
+        outer.step()
+        for a, p in zip(anchor, params):
+            p.copy_(a)
 
     while True:
         t0 = time.monotonic()  # drawing the batch is part of the local compute
-        train_step(task, model, optimizer, next(stream), before_update=all_reduce_gradients)
+        train_step(task, model, optimizer, next(stream), before_update=pace if diloco else all_reduce_gradients)
         steps += 1
-        eval_due, stop = flat[numel + EVAL_SLOT].item() > 0, flat[numel + STOP_SLOT].item() > 0
+        synced = not diloco or steps % cfg.local_steps == 0
+        if diloco:
+            t1 = t2 = time.monotonic()
+            if synced:
+                outer_step()
+        eval_due = synced and flat[numel + EVAL_SLOT].item() > 0
+        stop = synced and flat[numel + STOP_SLOT].item() > 0
         t3 = time.monotonic()
         compute_s += (t1 - t0) + (t3 - t2)
         comm_s += t2 - t1
@@ -225,8 +268,8 @@ def train(rank: int, cfg: Config) -> dict[str, Any]:
         "comm_s": comm_s,
         "wall_s": wall,
         "idle_fraction": 1.0 - compute_s / wall if wall > 0 else 0.0,
-        # ring all-reduce: each rank sends 2 (n-1)/n of the gradient per step
-        "bytes_sent": int(steps * 2 * (n - 1) / n * grad_bytes),
+        # ring all-reduce: each rank sends 2 (n-1)/n of the gradient per step (diloco: per sync)
+        "bytes_sent": int((steps // cfg.local_steps if diloco else steps) * 2 * (n - 1) / n * grad_bytes),
     }
     if rank == 0:
         out.update(

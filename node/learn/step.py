@@ -49,6 +49,14 @@ def train_step(
     return loss
 
 
+def scale_learning_rate(optimizer: torch.optim.Optimizer, factor: float) -> None:
+    """Multiply every parameter group's learning rate by `factor` (a replica learning-rate rule, a sweep point)."""
+    if not factor > 0:
+        raise ValueError(f"a learning-rate scale must be positive, got {factor}")
+    for group in optimizer.param_groups:
+        group["lr"] *= factor
+
+
 @dataclass(frozen=True)
 class Pacing:
     """Emulated hardware speed.

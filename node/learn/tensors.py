@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 OPTIMIZER_PREFIX = "optimizer."
+ALL_OPTIMIZER_STATE = ("*",)  # as `optimizer_state`: every per-parameter key this optimizer keeps (below)
 
 
 class UnsupportedOptimizerState(ValueError):
@@ -66,6 +67,7 @@ class ExchangedTensors(Mapping[str, torch.Tensor]):
 
 def _optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer, keys: Sequence[str]) -> dict[str, torch.Tensor]:
     supported = next((k for cls, k in _STATE_KEYS.items() if type(optimizer) is cls), ())
+    keys = supported if tuple(keys) == ALL_OPTIMIZER_STATE and supported else keys
     missing = [key for key in keys if key not in supported]
     if missing:
         raise UnsupportedOptimizerState(

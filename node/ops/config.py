@@ -141,6 +141,19 @@ def _merge_names() -> list[str]:
     return list(MERGES)
 
 
+def _optimizer_state_names() -> list[str]:
+    from node.learn.rules import OPTIMIZER_STATE
+
+    return list(OPTIMIZER_STATE)
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number")
+    return value
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -176,6 +189,11 @@ class NodeConfig:
                                    "toward it from this peer's last merge (DiLoCo-style)", choices=_merge_names)
     outer_lr: float = option(0.7, "outer learning rate of --merge outer (1 with momentum 0 is plain averaging)", metavar="LR")
     outer_momentum: float = option(0.9, "Nesterov momentum of --merge outer", metavar="MU")
+    optimizer_state: str = option("keep", "what a merge does with the inner optimizer's per-parameter state (Adam's moments, "
+                                          "SGD's momentum): keep this peer's own, or average it with the partner's like the "
+                                          "model (more bytes per exchange)", choices=_optimizer_state_names)
+    lr_scale: float = option(1.0, "multiply the task's learning rate by this (murmur bench --sweep-lr measures it)",
+                             parse=_positive_float, metavar="X")
     average_every: float = option(0.1, "seconds between averaging attempts", metavar="SECONDS")
     exchange_timeout: float = option(10.0, "give up an exchange after this long", metavar="SECONDS")
     gossip_every: float = 1.0

@@ -26,7 +26,7 @@ from node.averaging.factory import build_averager
 from node.learn.checkpoint import load_latest, save_checkpoint
 from node.learn.device import describe, resolve_device
 from node.learn.rules import make_rule
-from node.learn.step import Pacing
+from node.learn.step import Pacing, scale_learning_rate
 from node.learn.tasks import load_task
 from node.learn.trainer import Evaluation, Trainer, TrainStats, train
 from node.net.libp2p_transport import Libp2pTransport
@@ -70,7 +70,9 @@ class Node:
         device = resolve_device(config.device)
         self.trainer = Trainer(task, shard, device, config.mixed_precision, rule=make_rule(
             config.weighting, config.merge, outer_lr=config.outer_lr, outer_momentum=config.outer_momentum,
+            optimizer_state=config.optimizer_state,
         ))
+        scale_learning_rate(self.trainer.optimizer, config.lr_scale)
         log.info("training on %s (%d threads)%s", describe(device), torch.get_num_threads(), " with bf16 autocast" if config.mixed_precision else "")
         self.rng = random.Random(shard)
         self.table = PeerTable(self.peer_id, config.liveness_timeout, view_size=config.view_size)

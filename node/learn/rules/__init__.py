@@ -6,27 +6,40 @@ from node.learn.rules.outer import OuterRule
 from node.learn.rules.rule import MergeDelta, MergeRule, MixDecision, newcomer_decision
 from node.learn.rules.uniform import UniformRule
 from node.learn.rules.work import WorkRule
+from node.learn.tensors import ALL_OPTIMIZER_STATE
 
 # How the two models of a pair are weighted (`--weighting`).
 RULES: dict[str, type[MergeRule]] = {rule.name: rule for rule in (UniformRule, WorkRule)}
 # What a merge does with that weighted pair (`--merge`): move to it, or take an outer step toward it.
 MERGES = ("average", "outer")
+# What a merge does with the inner optimizer's state (`--optimizer-state`).
+OPTIMIZER_STATE = ("keep", "average")
 
 
-def make_rule(weighting: str = "work", merge: str = "average", *, outer_lr: float = 0.7, outer_momentum: float = 0.9) -> MergeRule:
+def make_rule(
+    weighting: str = "work", merge: str = "average", *, outer_lr: float = 0.7, outer_momentum: float = 0.9,
+    optimizer_state: str = "keep",
+) -> MergeRule:
     """A fresh rule: `weighting` averaging, or (`merge="outer"`) outer steps toward the pair's `weighting` mean.
 
+    `optimizer_state="average"` makes the inner optimizer's per-parameter state (Adam's moments,
+    SGD's momentum) travel and merge with the model; `"keep"` leaves each peer its own.
     Raises `ValueError` naming the choices for an unknown name, or for outer hyperparameters out of range.
     """
+    if optimizer_state not in OPTIMIZER_STATE:
+        raise ValueError(f"unknown optimizer state handling {optimizer_state!r}; choose from {list(OPTIMIZER_STATE)}")
     if weighting not in RULES:
         raise ValueError(f"unknown merge rule {weighting!r}; choose from {sorted(RULES)}")
     if merge not in MERGES:
         raise ValueError(f"unknown merge {merge!r}; choose from {list(MERGES)}")
     averaging = RULES[weighting]()
-    return averaging if merge == "average" else OuterRule(outer_lr, outer_momentum, weighting=averaging)
+    rule = averaging if merge == "average" else OuterRule(outer_lr, outer_momentum, weighting=averaging)
+    if optimizer_state == "average":
+        rule.optimizer_state = ALL_OPTIMIZER_STATE
+    return rule
 
 
 __all__ = [
-    "MERGES", "RULES", "MergeDelta", "MergeRule", "MixDecision", "OuterRule", "UniformRule", "WorkRule",
+    "MERGES", "OPTIMIZER_STATE", "RULES", "MergeDelta", "MergeRule", "MixDecision", "OuterRule", "UniformRule", "WorkRule",
     "make_rule", "newcomer_decision",
 ]  # fmt: skip

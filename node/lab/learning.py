@@ -1,0 +1,225 @@
+"""Learning per sample, in one process and in event time: gossip merge rules against synchronous training.
+
+The wall-clock benchmark (`murmur bench`) mixes two things: how fast peers process
+samples and how much each sample teaches. This lab isolates the second, exactly and
+repeatably. N real `Trainer`s (the node's own step, merge rules and merge code) step at
+their emulated speeds on an event-time grid; every `period` (in steps of the fastest
+peer) each peer merges with a random partner, as `Averager` would, instantly and
+without a network. Synchronous data parallelism is one model stepping on all ranks'
+batches at once. Every method is scored at the same total sample counts.
+
+    python scripts/learning.py --task charlm --samples 20480 --variants sync,average,outer:0.7:0.9
+
+Variants (comma-separated; `*LR` multiplies the task's learning rate, e.g. `average*2`):
+  sync                  one model, each step on all peers' batches together (sync-equal)
+  average               pairwise work-weighted averaging (`--merge average`)
+  outer:LR:MU           pairwise outer Nesterov steps (`--merge outer --outer-lr LR --outer-momentum MU`)
+  diloco:H:LR:MU        every rank takes H local steps, then all average their pseudo-gradients and take
+                        one outer Nesterov step (synchronous DiLoCo; per sample, speeds do not matter)
+  ...+adam-avg          the pair also averages Adam's moments (`+adam-avg1`: only the first, exp_avg);
+                        `+adam-reset` restarts them after a merge
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import statistics
+from dataclasses import dataclass, field
+
+import torch
+
+from node.learn.rules import make_rule
+from node.learn.step import train_step
+from node.learn.tasks import Task
+from node.learn.trainer import Trainer
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One method of the lab, parsed from its name (see the module docstring)."""
+
+    name: str
+    merge: str  # "sync", "average", "outer" or "diloco"
+    lr_scale: float = 1.0
+    local_steps: int = 0  # diloco's H
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    adam: str = "keep"  # what a merge does to Adam's moments: keep, avg, avg1 (exp_avg only) or reset
+
+    @classmethod
+    def parse(cls, text: str) -> "Variant":
+        """`outer:0.7:0.9*2+adam-reset` and the like; raises `ValueError` for anything else."""
+        body, _, adam = text.partition("+adam-")
+        body, _, scale = body.partition("*")
+        merge, *hyper = body.split(":")
+        if merge not in ("sync", "average", "outer", "diloco") or (hyper and merge in ("sync", "average")) or adam not in ("", "keep", "avg", "avg1", "reset"):
+            raise ValueError(f"unknown variant {text!r}; see the module docstring")
+        names = ("local_steps", "outer_lr", "outer_momentum") if merge == "diloco" else ("outer_lr", "outer_momentum")
+        outer = {k: (int if k == "local_steps" else float)(v) for k, v in zip(names, hyper)}
+        return cls(text, merge, float(scale or 1.0), adam=adam or "keep", **outer)
+
+
+@dataclass
+class Curve:
+    """Held-out metric (median peer) against total samples processed by all peers."""
+
+    samples: list[int] = field(default_factory=list)
+    metric: list[float] = field(default_factory=list)
+
+    def at(self, samples: int) -> float:
+        """The metric at the last grid point at or before `samples`."""
+        return next(m for s, m in zip(reversed(self.samples), reversed(self.metric)) if s <= samples)
+
+    def samples_to(self, target: float, higher: bool) -> int | None:
+        return next((s for s, m in zip(self.samples, self.metric) if (m >= target if higher else m <= target)), None)
+
+
+def _scale_lr(optimizer: torch.optim.Optimizer, scale: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] *= scale
+
+
+def run_sync(task: Task, peers: int, samples: int, eval_every: int, seed: int, lr_scale: float = 1.0) -> Curve:
+    """One model; each step takes one batch from each of `peers` data streams (equal batches)."""
+    model = task.build_model()
+    optimizer = task.make_optimizer(model)
+    _scale_lr(optimizer, lr_scale)
+    streams = [task.train_batches(1000 * seed + i) for i in range(peers)]
+    curve, done = Curve(), 0
+    while done < samples:
+        xs, ys = zip(*(next(s) for s in streams))
+        train_step(task, model, optimizer, (torch.cat(xs), torch.cat(ys)))
+        done += sum(len(x) for x in xs)
+        if done % eval_every < peers * task.batch_size or done >= samples:
+            curve.samples.append(done)
+            curve.metric.append(task.evaluate(model)[task.metric.name])
+    return curve
+
+
+def run_diloco(task: Task, variant: Variant, peers: int, samples: int, eval_every: int, seed: int) -> Curve:
+    """Synchronous DiLoCo: `peers` replicas each take H local steps, then one outer Nesterov step
+    on their mean pseudo-gradient (anchor − replica), as torchft's DiLoCo does with `SGD(nesterov=True)`."""
+    replicas = [Trainer(task, shard=1000 * seed + i) for i in range(peers)]
+    for trainer in replicas[1:]:
+        trainer.model.load_state_dict(replicas[0].model.state_dict())
+    for trainer in replicas:
+        _scale_lr(trainer.optimizer, variant.lr_scale)
+    anchor = [p.detach().clone().requires_grad_(True) for p in replicas[0].model.parameters()]
+    outer = torch.optim.SGD(anchor, lr=variant.outer_lr, momentum=variant.outer_momentum, nesterov=variant.outer_momentum > 0)
+    curve, done, next_eval = Curve(), 0, eval_every
+    while done < samples:
+        for trainer in replicas:
+            for _ in range(variant.local_steps):
+                trainer.step()
+        done += peers * variant.local_steps * task.batch_size
+        with torch.no_grad():
+            for k, a in enumerate(anchor):
+                a.grad = a - torch.stack([list(t.model.parameters())[k] for t in replicas]).mean(0)
+            outer.step()
+            for trainer in replicas:
+                for p, a in zip(trainer.model.parameters(), anchor):
+                    p.copy_(a)
+        if done >= next_eval or done >= samples:
+            curve.samples.append(done)
+            curve.metric.append(replicas[0].evaluate().metrics[task.metric.name])
+            next_eval += eval_every
+    return curve
+
+
+def _merge(a: Trainer, b: Trainer, adam: str) -> None:
+    """Both sides of one exchange, as two averagers would apply it (no screening: honest peers)."""
+    snap_a, snap_b = a.snapshot(), b.snapshot()
+    for trainer, local, remote in ((a, snap_a, snap_b), (b, snap_b, snap_a)):
+        decision = trainer.rule.decide(local.weight, remote.weight)
+        trainer.merge(local, remote.state, decision.remote_share, decision.weight_after)
+        if adam == "reset":
+            trainer.optimizer.state.clear()
+
+
+def run_gossip(
+    task: Task, variant: Variant, slowdowns: list[float], samples: int, eval_every: int, seed: int, period: float
+) -> Curve:
+    """Peers stepping at speeds 1/slowdown; each starts a merge with a random partner every `period`
+    (time unit: a step of the fastest peer). Returns the median peer's metric against total samples."""
+    rng = random.Random(seed)
+    trainers = []
+    for i in range(len(slowdowns)):
+        rule = make_rule("work", variant.merge, outer_lr=variant.outer_lr, outer_momentum=variant.outer_momentum)
+        if variant.adam in ("avg", "avg1"):  # what `optimizer_state` travels with the model
+            rule.optimizer_state = ("exp_avg", "exp_avg_sq") if variant.adam == "avg" else ("exp_avg",)
+        trainer = Trainer(task, shard=1000 * seed + i, rule=rule)
+        _scale_lr(trainer.optimizer, variant.lr_scale)
+        trainers.append(trainer)
+    fastest = min(slowdowns)
+    # (time, kind, peer): kind 0 = a step ends, 1 = the peer starts a merge; ties resolve steps first.
+    events = [(s / fastest, 0, i) for i, s in enumerate(slowdowns)]
+    events += [(period * (i + 1) / len(slowdowns), 1, i) for i in range(len(slowdowns))]
+    heapq.heapify(events)
+    curve, done, next_eval = Curve(), 0, eval_every
+    while done < samples:
+        t, kind, i = heapq.heappop(events)
+        if kind == 0:
+            trainers[i].step()
+            done += task.batch_size
+            heapq.heappush(events, (t + slowdowns[i] / fastest, 0, i))
+        else:
+            partner = rng.choice([j for j in range(len(trainers)) if j != i])
+            _merge(trainers[i], trainers[partner], variant.adam)
+            heapq.heappush(events, (t + period, 1, i))
+        if done >= next_eval or done >= samples:
+            curve.samples.append(done)
+            curve.metric.append(statistics.median(tr.evaluate().metrics[task.metric.name] for tr in trainers))
+            next_eval += eval_every
+    return curve
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+    import time
+    from pathlib import Path
+
+    from node.learn.tasks import load_task
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", default="charlm")
+    parser.add_argument("--samples", type=int, default=20480, help="total samples per run")
+    parser.add_argument("--eval-every", type=int, default=2048, help="samples between evaluations")
+    parser.add_argument("--slowdowns", default="1,1,2,4")
+    parser.add_argument("--period", type=float, default=4.0, help="steps of the fastest peer between a peer's merges")
+    parser.add_argument("--variants", default="sync,average,outer:0.7:0.9")
+    parser.add_argument("--target", type=float, default=None, help="report samples to reach this metric")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("results/learning.json"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    task = load_task(args.task)
+    slowdowns = [float(s) for s in args.slowdowns.split(",")]
+    variants = [Variant.parse(v) for v in args.variants.split(",")]
+    rows = []
+    for seed in range(args.seeds):  # seeds outer, variants inner: interleaved
+        for variant in variants:
+            began = time.monotonic()
+            if variant.merge == "sync":
+                curve = run_sync(task, len(slowdowns), args.samples, args.eval_every, seed, variant.lr_scale)
+            elif variant.merge == "diloco":
+                curve = run_diloco(task, variant, len(slowdowns), args.samples, args.eval_every, seed)
+            else:
+                curve = run_gossip(task, variant, slowdowns, args.samples, args.eval_every, seed, args.period)
+            row = {"variant": variant.name, "seed": seed, "samples": curve.samples, "metric": curve.metric,
+                   "final": curve.metric[-1], "wall_s": round(time.monotonic() - began, 1)}
+            if args.target is not None:
+                row["samples_to_target"] = curve.samples_to(args.target, task.metric.higher_is_better)
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k not in ("samples", "metric")}), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
+    print(f"\n{task.name}, slowdowns {args.slowdowns}, period {args.period:g}, {args.samples} samples, medians over {args.seeds} seeds:")
+    print("| variant | final " + task.metric.name + " | samples to target |")
+    for variant in variants:
+        mine = [r for r in rows if r["variant"] == variant.name]
+        reached = [r.get("samples_to_target") for r in mine]
+        to_target = statistics.median(s for s in reached if s) if all(reached) and args.target else None
+        print(f"| {variant.name} | {statistics.median(r['final'] for r in mine):.3f} | {to_target or '—'} |")
+    return 0

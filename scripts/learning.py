@@ -1,0 +1,8 @@
+"""Learning per sample: gossip merge rules vs synchronous training in event time (see node/lab/learning.py)."""
+
+import sys
+
+from node.lab.learning import main
+
+if __name__ == "__main__":
+    sys.exit(main())
