@@ -251,7 +251,7 @@ def test_a_murmur_toml_with_every_documented_key_still_loads(tmp_path: Path) -> 
         slowdown=1.5, step_time_ms=20.0, weighting="uniform", merge="outer", outer_lr=0.5, outer_momentum=0.8, average_every=0.2, exchange_timeout=5.0,
         liveness_timeout=12.0, view_size=None, eval_every=2.0, duration=600.0, shard=3, sync_state=False,
         checkpoint_every=60.0, allow_peers=Path("/data/peers.txt"), swarm_secret_file=Path("/data/secret"),
-        wire_dtype="bfloat16", max_connections=100, start_at=1700000000.0, start_file=Path("/data/start"),
+        wire_dtype="bfloat16", optimizer_state="average", lr_scale=0.5, max_connections=100, start_at=1700000000.0, start_file=Path("/data/start"),
         metrics_port=9100, metrics_host="0.0.0.0", device="cpu", threads=4,
     )  # fmt: skip
     assert (options.log_level, options.log_format) == ("WARNING", "json")
