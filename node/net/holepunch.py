@@ -1,0 +1,142 @@
+"""DCUtR hole punching (py-libp2p's protocol code): turn a relayed connection into a direct one.
+
+Two peers behind NATs that meet through a relay exchange the addresses their NATs show the world
+(DCUtR CONNECT), then dial each other at the same moment from their listen ports (TCP simultaneous
+open). py-libp2p's `DCUtRProtocol` does the protocol, the timing and the dials; this module wires it
+to Murmur's host and adds the rules for untrusted input:
+
+- a DCUtR session is accepted only over a relayed connection (its only purpose), at most
+  `MAX_SESSIONS_PER_PEER` per `SESSION_WINDOW` per peer;
+- of the addresses a peer sends, only plain `/ip4|ip6/…/tcp/…` ones are kept (no loopback,
+  unspecified or multicast IPs), at most `MAX_PUNCH_ADDRS`; every dial must authenticate as that
+  peer (Noise), so nothing is ever sent to a third party beyond a TCP SYN.
+
+Once a direct connection is up, new streams use it (py-libp2p prefers direct over relayed), and
+the relayed connection is closed after a grace period. When punching fails the relayed one stays.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import multiaddr
+from libp2p.host.basic_host import BasicHost
+from libp2p.peer.id import ID
+from libp2p.relay.circuit_v2 import dcutr
+from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
+
+log = logging.getLogger("murmur.holepunch")
+
+MAX_PUNCH_ADDRS = 4
+MAX_SESSIONS_PER_PEER = 3
+SESSION_WINDOW = 60.0
+RELAY_CLOSE_GRACE = 10.0  # py-libp2p's 60 s keeps a finished exchange's relay slot busy for nothing
+dcutr.RELAY_CLOSE_GRACE_PERIOD = RELAY_CLOSE_GRACE
+
+
+class _ListenAddrsHost:
+    """The host as DCUtR should see it: `get_addrs()` gives the real TCP listen addresses.
+
+    Murmur's host may advertise only announced or relayed addresses through identify; DCUtR needs the
+    listen port (to dial from it) and predicts `<NAT IP>:<listen port>` from identify's observations.
+    """
+
+    def __init__(self, host: BasicHost) -> None:
+        self._host = host
+
+    def get_addrs(self) -> list[multiaddr.Multiaddr]:
+        own = multiaddr.Multiaddr(f"/p2p/{self._host.get_id()}")
+        return [a.encapsulate(own) for a in self._host.get_transport_addrs()]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._host, name)
+
+
+def punch_addrs(raw_addrs: list[bytes]) -> list[multiaddr.Multiaddr]:
+    """The addresses from a DCUtR CONNECT worth dialing: plain TCP, routable IPs, at most `MAX_PUNCH_ADDRS`."""
+    out: list[multiaddr.Multiaddr] = []
+    for raw in raw_addrs[: dcutr.MAX_OBSERVED_ADDRS]:
+        try:
+            addr = multiaddr.Multiaddr(raw)
+            protocols = [p.name for p in addr.protocols()]
+            if protocols not in (["ip4", "tcp"], ["ip6", "tcp"]):
+                continue
+            ip = ipaddress.ip_address(addr.value_for_protocol(protocols[0]))
+            port = int(addr.value_for_protocol("tcp"))
+        except Exception:
+            continue
+        if ip.is_loopback or ip.is_unspecified or ip.is_multicast or not 0 < port < 65536:
+            continue
+        if addr not in out:
+            out.append(addr)
+        if len(out) == MAX_PUNCH_ADDRS:
+            break
+    return out
+
+
+class HolePuncher(DCUtRProtocol):
+    """DCUtR on Murmur's host; run it with `background_trio_service(puncher)` inside the host's run.
+
+    It drives hole punching itself for every relayed connection (py-libp2p's auto-drive loop, every
+    2 s, at most 3 attempts per peer) and answers the peer's sessions.
+    """
+
+    def __init__(self, host: BasicHost, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(_ListenAddrsHost(host))  # type: ignore[arg-type]
+        host._dcutr_protocol = self  # type: ignore[attr-defined]  # so disconnects reset its per-peer state
+        self.clock = clock
+        self._sessions: dict[ID, list[float]] = {}
+        self.punched: dict[str, float] = {}  # peer id -> when its direct connection was verified (clock)
+
+    def _decode_observed_addrs(self, addr_bytes: list[bytes]) -> list[multiaddr.Multiaddr]:
+        return punch_addrs(addr_bytes)
+
+    def _allow_session(self, peer_id: ID) -> bool:
+        now = self.clock()
+        recent = [t for t in self._sessions.get(peer_id, []) if now - t < SESSION_WINDOW]
+        if len(self._sessions) > 4096:
+            self._sessions.clear()
+        self._sessions[peer_id] = recent + [now]
+        return len(recent) < MAX_SESSIONS_PER_PEER
+
+    async def _handle_dcutr_stream(self, stream) -> None:  # noqa: ANN001 (py-libp2p's INetStream)
+        peer_id = stream.muxed_conn.peer_id
+        if not is_relayed(stream.muxed_conn) or not self._allow_session(peer_id):
+            log.debug("refusing a DCUtR session from %s (not relayed, or too many)", peer_id)
+            await stream.reset()
+            return
+        await super()._handle_dcutr_stream(stream)
+        self._note(peer_id)
+
+    async def initiate_hole_punch(self, peer_id: ID) -> bool:
+        ok = await super().initiate_hole_punch(peer_id)
+        self._note(peer_id)
+        return ok
+
+    def _note(self, peer_id: ID) -> None:
+        key = peer_id.to_base58()
+        if key not in self.punched and peer_id in self._direct_connections:
+            self.punched[key] = self.clock()
+            log.info("direct connection to %s (hole punched)", key[-8:])
+
+
+def is_relayed(conn: Any) -> bool:
+    """True when `conn` (a py-libp2p connection) runs through a relay; unknown counts as relayed."""
+    try:
+        return any("/p2p-circuit" in str(a) for a in conn.get_transport_addresses())
+    except Exception:
+        return True
+
+
+def connection_kinds(host: BasicHost) -> dict[str, str]:
+    """Each connected peer: "direct" if any connection to it is direct, else "relayed"."""
+    kinds = {}
+    for pid, conns in host.get_network().connections.items():
+        live = [c for c in conns if not getattr(c, "is_closed", False)]
+        if live:
+            kinds[pid.to_base58()] = "relayed" if all(is_relayed(c) for c in live) else "direct"
+    return kinds
