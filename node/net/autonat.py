@@ -50,7 +50,8 @@ class Reachability:
     """Sans-IO: peers' dial-back verdicts in, "public" / "private" / "unknown" out (with why).
 
     A status needs `confirmations` distinct peers agreeing among verdicts younger than `max_age`;
-    mixed or too few verdicts keep the last decided status until its verdicts expire.
+    a tie goes to "public" (a dial-back that worked is the stronger evidence); too few
+    agreeing verdicts keep the last decided status until its verdicts expire.
     """
 
     confirmations: int = 2

@@ -132,11 +132,30 @@ def is_relayed(conn: Any) -> bool:
         return True
 
 
-def connection_kinds(host: BasicHost) -> dict[str, str]:
-    """Each connected peer: "direct" if any connection to it is direct, else "relayed"."""
-    kinds = {}
+def connection_kinds(host: BasicHost) -> tuple[dict[str, str], dict[str, str]]:
+    """Each connected peer's kind ("direct" if any live connection to it is, else "relayed"), and
+    for the relayed ones the relay's peer ID ("" if it cannot be told)."""
+    kinds, via = {}, {}
     for pid, conns in host.get_network().connections.items():
         live = [c for c in conns if not getattr(c, "is_closed", False)]
-        if live:
-            kinds[pid.to_base58()] = "relayed" if all(is_relayed(c) for c in live) else "direct"
-    return kinds
+        if not live:
+            continue
+        peer = pid.to_base58()
+        kinds[peer] = "relayed" if all(is_relayed(c) for c in live) else "direct"
+        if kinds[peer] == "relayed":
+            via[peer] = next((r for c in live if (r := _relay_of(c, peer))), "")
+    return kinds, via
+
+
+def _relay_of(conn: Any, peer: str) -> str | None:
+    """The relay's peer ID in a circuit connection's address (any /p2p/ ID that is not `peer`'s)."""
+    try:
+        addrs = [str(a) for a in conn.get_transport_addresses()]
+    except Exception:
+        return None
+    for addr in addrs:
+        ids = [part.split("/")[0] for part in addr.split("/p2p/")[1:]]
+        for pid in ids:
+            if pid and pid != peer:
+                return pid
+    return None

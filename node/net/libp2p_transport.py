@@ -156,9 +156,10 @@ class Libp2pTransport(Transport):
     def network_info(self) -> dict:
         """For status: reachability (and why), each connected peer's connection kind, relays in use."""
         reason = self.autonat.status()[1] if self.nat_traversal else "NAT traversal is off"
+        kinds, via = connection_kinds(self.host)
         return {
             "reachability": self.reachability(), "reachability_reason": reason,
-            "connections": connection_kinds(self.host), "relays": self.relay.addresses(),
+            "connections": kinds, "relayed_via": via, "relays": self.relay.addresses(),
             "hole_punched": len(self.puncher.punched) if self.nat_traversal else 0,
         }
 
