@@ -161,6 +161,7 @@ class Libp2pTransport(Transport):
             "reachability": self.reachability(), "reachability_reason": reason,
             "connections": kinds, "relayed_via": via, "relays": self.relay.addresses(),
             "hole_punched": len(self.puncher.punched) if self.nat_traversal else 0,
+            "relayed_bytes": self.relay.relayed_bytes,
         }
 
     def addresses(self) -> list[str]:

@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 import multiaddr
@@ -75,6 +76,27 @@ def circuit_address(relay_addr: str, peer_id: str) -> str:
     return f"{relay_addr}/p2p-circuit/p2p/{peer_id}"
 
 
+class _CountingHop(CircuitV2Protocol):
+    """py-libp2p's circuit v2 protocol, counting the bytes it forwards as a relay (`relayed_bytes`)."""
+
+    relayed_bytes = 0
+
+    async def _relay_data(self, src_stream: Any, dst_stream: Any, *args: Any, **kwargs: Any) -> None:
+        await super()._relay_data(src_stream, _CountedWrites(dst_stream, self), *args, **kwargs)
+
+
+class _CountedWrites:
+    def __init__(self, stream: Any, counter: _CountingHop) -> None:
+        self._stream, self._counter = stream, counter
+
+    async def write(self, data: bytes) -> None:
+        await self._stream.write(data)
+        self._counter.relayed_bytes += len(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 class CircuitRelay:
     """Circuit relay v2 on one host: reservations on `relays`, dialing circuits, and (with `hop`) relaying.
 
@@ -91,7 +113,7 @@ class CircuitRelay:
         self.relays = list(relays)
         self._relay_ids = {addr: split_peer(addr)[0] for addr in self.relays}  # validates every address
         self.hop = hop
-        self._protocol = CircuitV2Protocol(host, limits=limits, allow_hop=hop)
+        self._protocol = _CountingHop(host, limits=limits, allow_hop=hop)
         # STOP only: a CLIENT-role dialer would also make a reservation on every relay it dials through.
         self._dialer = CircuitV2Transport(host, self._protocol, RelayConfig(roles=RelayRole.STOP, limits=limits))
         self._reserved: dict[str, float] = {}  # relay addr -> reservation expiry (Unix time)
@@ -100,6 +122,11 @@ class CircuitRelay:
         self.discovered: set[str] = set()  # relay addrs adopted at run time
         self.dropped: dict[str, float] = {}  # relay peer id -> when a discovered relay was given up (Unix time)
         self._tg: anyio.abc.TaskGroup | None = None
+
+    @property
+    def relayed_bytes(self) -> int:
+        """Bytes this node has forwarded for others as a relay (both directions of every circuit)."""
+        return self._protocol.relayed_bytes
 
     def relay_ids(self) -> set[str]:
         """Peer IDs of the relays this node reserves on."""

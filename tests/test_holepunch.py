@@ -1,0 +1,53 @@
+"""DCUtR wiring: which addresses from a peer's CONNECT are dialed, and how connections are told apart.
+
+The hole punch itself, through real NAT routers, is in `tests/test_nat.py`.
+"""
+
+import multiaddr
+import pytest
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.peer.peerinfo import PeerInfo
+
+from node.net.holepunch import MAX_PUNCH_ADDRS, HolePuncher, connection_kinds, punch_addrs
+from node.net.libp2p_transport import Libp2pTransport
+
+
+def _raw(*addrs: str) -> list[bytes]:
+    return [multiaddr.Multiaddr(a).to_bytes() for a in addrs]
+
+
+def test_only_plain_tcp_to_routable_ips_is_dialed() -> None:
+    got = punch_addrs(_raw(
+        "/ip4/198.51.100.7/tcp/4001",
+        "/ip4/127.0.0.1/tcp/4001",  # our own machine: never
+        "/ip4/0.0.0.0/tcp/4001",
+        "/ip4/224.0.0.1/tcp/4001",
+        "/ip4/198.51.100.7/tcp/4001/p2p-circuit",  # a relay, not a hole
+        "/ip4/198.51.100.7/udp/4001/quic-v1",
+        "/ip6/2001:db8::1/tcp/4002",
+        "/ip4/198.51.100.7/tcp/4001",  # duplicate
+    ) + [b"\x00\xffnot a multiaddr"])
+    assert [str(a) for a in got] == ["/ip4/198.51.100.7/tcp/4001", "/ip6/2001:db8::1/tcp/4002"]
+    many = _raw(*(f"/ip4/198.51.100.7/tcp/{p}" for p in range(4000, 4050)))
+    assert len(punch_addrs(many)) == MAX_PUNCH_ADDRS
+
+
+def test_sessions_per_peer_are_limited() -> None:
+    now = [0.0]
+    puncher = HolePuncher(Libp2pTransport(create_new_key_pair()).host, clock=lambda: now[0])
+    peer = Libp2pTransport(create_new_key_pair()).host.get_id()
+    assert [puncher._allow_session(peer) for _ in range(4)] == [True, True, True, False]
+    now[0] = 61.0
+    assert puncher._allow_session(peer)
+
+
+@pytest.mark.anyio
+async def test_connections_on_loopback_are_direct() -> None:
+    a = Libp2pTransport(create_new_key_pair(), nat_traversal=True)
+    b = Libp2pTransport(create_new_key_pair(), nat_traversal=True)
+    async with a.run(["/ip4/127.0.0.1/tcp/0"]), b.run(["/ip4/127.0.0.1/tcp/0"]):
+        assert connection_kinds(a.host) == ({}, {})
+        await a.host.connect(PeerInfo(b.host.get_id(), b.host.get_transport_addrs()))
+        assert connection_kinds(a.host) == ({b.peer_id: "direct"}, {})
+        # DCUtR sees the real listen address even when identify advertises announced ones only.
+        assert a.puncher.host.get_addrs()[0].value_for_protocol("tcp") == a.host.get_transport_addrs()[0].value_for_protocol("tcp")
