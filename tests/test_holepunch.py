@@ -51,3 +51,12 @@ async def test_connections_on_loopback_are_direct() -> None:
         assert connection_kinds(a.host) == ({b.peer_id: "direct"}, {})
         # DCUtR sees the real listen address even when identify advertises announced ones only.
         assert a.puncher.host.get_addrs()[0].value_for_protocol("tcp") == a.host.get_transport_addrs()[0].value_for_protocol("tcp")
+
+
+def test_dcutr_sees_only_punchable_addresses_of_a_peer() -> None:
+    transport = Libp2pTransport(create_new_key_pair(), nat_traversal=True)
+    peer = Libp2pTransport(create_new_key_pair()).host.get_id()
+    transport.host.get_peerstore().add_addrs(peer, [multiaddr.Multiaddr(a) for a in (
+        "/ip4/127.0.0.1/tcp/4001", "/ip4/0.0.0.0/tcp/4001", "/ip4/198.51.100.7/tcp/4001")], 600)
+    assert [str(a) for a in transport.puncher.host.get_peerstore().addrs(peer)] == ["/ip4/198.51.100.7/tcp/4001"]
+    assert len(transport.host.get_peerstore().addrs(peer)) == 3  # the host's own view is untouched

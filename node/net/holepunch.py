@@ -39,21 +39,39 @@ dcutr.RELAY_CLOSE_GRACE_PERIOD = RELAY_CLOSE_GRACE
 
 
 class _ListenAddrsHost:
-    """The host as DCUtR should see it: `get_addrs()` gives the real TCP listen addresses.
+    """The host as DCUtR should see it: `get_addrs()` gives the real TCP listen addresses, and the
+    peerstore hands out only addresses `punch_addrs` accepts.
 
     Murmur's host may advertise only announced or relayed addresses through identify; DCUtR needs the
     listen port (to dial from it) and predicts `<NAT IP>:<listen port>` from identify's observations.
+    DCUtR also dials what a peer's identify claimed (its "unilateral upgrade"): those claims are
+    filtered like CONNECT's addresses.
     """
 
     def __init__(self, host: BasicHost) -> None:
         self._host = host
+        self._peerstore = _PunchablePeerstore(host.get_peerstore())
 
     def get_addrs(self) -> list[multiaddr.Multiaddr]:
         own = multiaddr.Multiaddr(f"/p2p/{self._host.get_id()}")
         return [a.encapsulate(own) for a in self._host.get_transport_addrs()]
 
+    def get_peerstore(self) -> Any:
+        return self._peerstore
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._host, name)
+
+
+class _PunchablePeerstore:
+    def __init__(self, peerstore: Any) -> None:
+        self._peerstore = peerstore
+
+    def addrs(self, peer_id: ID) -> list[multiaddr.Multiaddr]:
+        return punch_addrs([a.to_bytes() for a in self._peerstore.addrs(peer_id)])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._peerstore, name)
 
 
 def punch_addrs(raw_addrs: list[bytes]) -> list[multiaddr.Multiaddr]:
