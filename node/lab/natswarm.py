@@ -1,4 +1,4 @@
-"""A Murmur swarm through real NAT: two public peers (bootstrap and relay, both `--relay-service`) and two
+"""A Murmur swarm through real NAT: public peers (bootstrap and relays, all `--relay-service`) and two
 peers each behind its own NAT router, every one a `murmur run` process in its own network namespace.
 
 Used by `tests/test_nat.py` and `scripts/nat_measure.py`. Needs root, iproute2 and iptables
@@ -18,7 +18,6 @@ from pathlib import Path
 from node.lab.netns import Netns, Network
 
 PORT = 4001
-NAMES = ("boot", "relay", "a", "b")  # a and b sit behind NATs
 PUNCH_LINE = re.compile(r"direct connection to (\w+) \(hole punched\)")
 EXCHANGE_LINE = re.compile(r"exchange with (\w+): (\w+)")
 
@@ -30,12 +29,17 @@ class NatSwarmError(RuntimeError):
 class NatSwarm:
     """Builds the topology and starts the peers on entry; removes everything on exit (even on failure).
 
-    `unpunchable` gives b a port-randomising NAT (`MASQUERADE --random-fully`) that hole punching cannot pass.
+    `unpunchable` gives b a port-randomising NAT (`MASQUERADE --random-fully`) that hole punching cannot pass;
+    `spare_relay` adds a third public relay, "relay2".
     """
 
-    def __init__(self, root: Path, *, unpunchable: bool = False, duration: float = 120.0, extra: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, root: Path, *, unpunchable: bool = False, spare_relay: bool = False, duration: float = 120.0,
+        extra: tuple[str, ...] = (),
+    ) -> None:
         self.root = root
         self.unpunchable = unpunchable
+        self.public = ("boot", "relay", "relay2") if spare_relay else ("boot", "relay")
         self.duration = duration
         self.extra = list(extra)
         self.net = Network(prefix="nsw")
@@ -48,13 +52,15 @@ class NatSwarm:
         self.net.__enter__()
         try:
             net = self.net
-            self.hosts["boot"], self.hosts["relay"] = net.host("boot"), net.host("relay")
+            for name in self.public:
+                self.hosts[name] = net.host(name)
             self.nat_a, self.nat_b = net.nat("homea"), net.nat("homeb", random_fully=self.unpunchable)
             self.hosts["a"], self.hosts["b"] = net.host("a", behind=self.nat_a), net.host("b", behind=self.nat_b)
             self.started = time.monotonic()
             self._start("boot", "--relay-service")
             self.bootstrap = f"/ip4/{self.hosts['boot'].address}/tcp/{PORT}/p2p/{self.peer_id('boot')}"
-            self._start("relay", "--relay-service", "--bootstrap", self.bootstrap)
+            for name in self.public[1:]:
+                self._start(name, "--relay-service", "--bootstrap", self.bootstrap)
             for name in ("a", "b"):
                 self._start(name, "--bootstrap", self.bootstrap)
         except BaseException:
