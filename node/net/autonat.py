@@ -34,6 +34,8 @@ from libp2p.host.basic_host import BasicHost
 from libp2p.peer.id import ID
 from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
 
+from node.net.relay import is_relayed
+
 log = logging.getLogger("murmur.autonat")
 
 PUBLIC, PRIVATE, UNKNOWN = "public", "private", "unknown"
@@ -153,14 +155,14 @@ class AutoNatServer(AutoNATService):
                 except Exception:
                     pass
 
-    async def answer(self, request: Message, requester: ID, observed_ip: str | None, is_relayed: bool) -> Message:
+    async def answer(self, request: Message, requester: ID, observed_ip: str | None, relayed: bool) -> Message:
         """The DIAL_RESPONSE to `request` from `requester`; dials back only when every rule allows it."""
         response = Message(type=Message.DIAL_RESPONSE)
         if request.type != Message.DIAL:
             refusal, status = "not a DIAL request", Message.E_BAD_REQUEST
         elif bytes(request.dial.peer.id) != requester.to_bytes():
             refusal, status = "dial-backs go only to the requesting peer", Message.E_DIAL_REFUSED
-        elif is_relayed:
+        elif relayed:
             refusal, status = "requests over relayed connections are refused", Message.E_DIAL_REFUSED
         else:
             refusal, status = self.limit.allow(str(observed_ip), self.clock()), Message.E_DIAL_REFUSED
@@ -224,7 +226,7 @@ class AutoNatClient:
         """Connected peers with at least one non-relayed connection (relayed requests are refused)."""
         peers = []
         for pid, conns in self.host.get_network().connections.items():
-            if any(not _is_relayed_conn(c) for c in conns):
+            if any(not is_relayed(c) for c in conns):
                 peers.append(pid)
         return peers
 
@@ -258,13 +260,6 @@ class AutoNatClient:
         while True:
             status, _ = await self.check_once()
             await anyio.sleep(first_every if status == UNKNOWN else then_every)
-
-
-def _is_relayed_conn(conn) -> bool:  # noqa: ANN001 (py-libp2p's INetConn)
-    try:
-        return any("/p2p-circuit" in str(a) for a in conn.get_transport_addresses())
-    except Exception:
-        return True
 
 
 __all__ = ["AUTONAT_PROTOCOL_ID", "AutoNatClient", "AutoNatServer", "PRIVATE", "PUBLIC", "Reachability", "UNKNOWN"]

@@ -29,6 +29,8 @@ from libp2p.peer.id import ID
 from libp2p.relay.circuit_v2 import dcutr
 from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
 
+from node.net.relay import is_relayed
+
 log = logging.getLogger("murmur.holepunch")
 
 MAX_PUNCH_ADDRS = 4
@@ -140,14 +142,6 @@ class HolePuncher(DCUtRProtocol):
         if key not in self.punched and peer_id in self._direct_connections:
             self.punched[key] = self.clock()
             log.info("direct connection to %s (hole punched)", key[-8:])
-
-
-def is_relayed(conn: Any) -> bool:
-    """True when `conn` (a py-libp2p connection) runs through a relay; unknown counts as relayed."""
-    try:
-        return any("/p2p-circuit" in str(a) for a in conn.get_transport_addresses())
-    except Exception:
-        return True
 
 
 def connection_kinds(host: BasicHost) -> tuple[dict[str, str], dict[str, str]]:

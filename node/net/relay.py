@@ -58,6 +58,14 @@ def is_circuit(addr: str) -> bool:
     return "/p2p-circuit" in addr
 
 
+def is_relayed(conn: Any) -> bool:
+    """True when `conn` (a py-libp2p connection) runs through a relay; unknown counts as relayed."""
+    try:
+        return any(is_circuit(str(a)) for a in conn.get_transport_addresses())
+    except Exception:
+        return True
+
+
 def split_peer(addr: str) -> tuple[str, str]:
     """Split `<transport addr>/p2p/<id>` into (id, transport addr); raises `ValueError`."""
     head, sep, peer_id = addr.rpartition("/p2p/")
