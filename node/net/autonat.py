@@ -2,7 +2,7 @@
 
 - Server: every node answers dial-back requests, but only to the requester's *observed* IP (the IP its
   connection comes from), only to ports the requester listed, at most `MAX_DIAL_BACK_ADDRS` of them,
-  never over a relayed connection, within per-peer and global rate limits. So a request can never
+  never over a relayed connection, at most once per 10 s per source IP and 8 times a minute in all. So a request can never
   make us dial a third party. The dial-back is a fresh connection that must authenticate as the
   requester (Noise), and is closed at once.
 - Client: `AutoNatClient.run()` asks a few directly connected peers now and then; `Reachability`
@@ -42,7 +42,7 @@ PUBLIC, PRIVATE, UNKNOWN = "public", "private", "unknown"
 MAX_DIAL_BACK_ADDRS = 4  # ports tried per request (each at the observed IP only)
 DIAL_BACK_TIMEOUT = 5.0
 QUERY_TIMEOUT = 10.0
-PER_PEER_INTERVAL = 10.0  # a peer gets at most one dial-back per this many seconds
+PER_PEER_INTERVAL = 10.0  # one source IP gets at most one dial-back per this many seconds
 GLOBAL_BURST = 8  # and all peers together at most this many per `GLOBAL_WINDOW`
 GLOBAL_WINDOW = 60.0
 
