@@ -8,6 +8,7 @@ import time
 import anyio
 import pytest
 from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.peer.peerinfo import PeerInfo
 
 from node.net.autonat import PRIVATE, PUBLIC
 from node.net.libp2p_transport import Libp2pTransport
@@ -57,3 +58,16 @@ async def test_a_discovered_relay_that_stops_answering_is_dropped() -> None:
                 await anyio.sleep(0.2)
         assert relay.peer_id in node.relay.dropped
         assert node.relay.addresses() == []
+
+
+async def test_only_acceptable_peers_are_taken_as_relays() -> None:
+    relay = Libp2pTransport(create_new_key_pair(), relay_service=True)
+    node = Libp2pTransport(create_new_key_pair(), nat_traversal=True, auto_relay=True)
+    node.finder.acceptable = lambda peer: peer != relay.peer_id  # say, not on the allow-list
+    async with relay.run(LOOPBACK), node.run(LOOPBACK):
+        _say(node, PRIVATE)
+        await node.host.connect(PeerInfo(relay.host.get_id(), relay.host.get_transport_addrs()))
+        await anyio.sleep(1.0)  # identify has told the node that this peer relays
+        assert await node.finder.step() == 0
+        node.finder.acceptable = lambda peer: True
+        assert node.finder.relay_candidates() == [f"{relay.host.get_transport_addrs()[0]}/p2p/{relay.peer_id}"]

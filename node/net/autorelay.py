@@ -44,6 +44,7 @@ class RelayFinder:
         self.reachability = reachability
         self.known_peers = known_peers
         self.want = want
+        self.acceptable: Callable[[str], bool] = lambda peer_id: True  # e.g. on the allow-list and not banned
         self._probed: set[str] = set()
 
     def relay_candidates(self) -> list[str]:
@@ -54,6 +55,8 @@ class RelayFinder:
         for pid, conns in self.host.get_network().connections.items():
             key = pid.to_base58()
             if key in in_use or time.time() - self.relay.dropped.get(key, -1e18) < RETRY_DROPPED_AFTER:
+                continue
+            if not self.acceptable(key):
                 continue
             try:
                 if HOP_PROTOCOL not in store.get_protocols(pid):

@@ -293,6 +293,8 @@ def build_transport(config: NodeConfig, key_pair: KeyPair, bans: BanList) -> Gua
     )
     # Our relays (configured or found) may connect even when not allowed to take part: the reservation needs it.
     inner.gate_connections(lambda peer: None if peer in inner.relay.relay_ids() else guarded.refusal(peer))
+    if config.nat_traversal:  # but only allowed, unbanned peers are found as relays
+        inner.finder.acceptable = lambda peer: guarded.refusal(peer) is None
     return guarded
 
 
