@@ -10,6 +10,7 @@ from libp2p.peer.peerinfo import PeerInfo
 
 from node.net.holepunch import MAX_PUNCH_ADDRS, HolePuncher, connection_kinds, punch_addrs
 from node.net.libp2p_transport import Libp2pTransport
+from node.net.relay import circuit_address
 
 
 def _raw(*addrs: str) -> list[bytes]:
@@ -60,3 +61,18 @@ def test_dcutr_sees_only_punchable_addresses_of_a_peer() -> None:
         "/ip4/127.0.0.1/tcp/4001", "/ip4/0.0.0.0/tcp/4001", "/ip4/198.51.100.7/tcp/4001")], 600)
     assert [str(a) for a in transport.puncher.host.get_peerstore().addrs(peer)] == ["/ip4/198.51.100.7/tcp/4001"]
     assert len(transport.host.get_peerstore().addrs(peer)) == 3  # the host's own view is untouched
+
+
+@pytest.mark.anyio
+async def test_both_ends_of_a_circuit_see_it_relayed_and_name_the_relay() -> None:
+    relay = Libp2pTransport(create_new_key_pair(), relay_service=True)
+    async with relay.run(["/ip4/127.0.0.1/tcp/0"]):
+        relay_addr = relay.listen_addresses()[0]
+        b = Libp2pTransport(create_new_key_pair(), relays=[relay_addr])
+        a = Libp2pTransport(create_new_key_pair())
+        async with b.run(["/ip4/127.0.0.1/tcp/0"]), a.run(["/ip4/127.0.0.1/tcp/0"]):
+            await a.relay.dial(circuit_address(relay_addr, b.peer_id))
+            for me, other in ((a, b), (b, a)):  # the dialing end, and the accepting one
+                kinds, via = connection_kinds(me.host)
+                assert (kinds[other.peer_id], kinds[relay.peer_id]) == ("relayed", "direct")
+                assert via == {other.peer_id: relay.peer_id}

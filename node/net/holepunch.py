@@ -148,6 +148,7 @@ def connection_kinds(host: BasicHost) -> tuple[dict[str, str], dict[str, str]]:
     """Each connected peer's kind ("direct" if any live connection to it is, else "relayed"), and
     for the relayed ones the relay's peer ID ("" if it cannot be told)."""
     kinds, via = {}, {}
+    own = host.get_id().to_base58()
     for pid, conns in host.get_network().connections.items():
         live = [c for c in conns if not getattr(c, "is_closed", False)]
         if not live:
@@ -155,19 +156,31 @@ def connection_kinds(host: BasicHost) -> tuple[dict[str, str], dict[str, str]]:
         peer = pid.to_base58()
         kinds[peer] = "relayed" if all(is_relayed(c) for c in live) else "direct"
         if kinds[peer] == "relayed":
-            via[peer] = next((r for c in live if (r := _relay_of(c, peer))), "")
+            via[peer] = next((r for c in live if (r := _relay_of(c, {peer, own}))), "")
     return kinds, via
 
 
-def _relay_of(conn: Any, peer: str) -> str | None:
-    """The relay's peer ID in a circuit connection's address (any /p2p/ ID that is not `peer`'s)."""
+def _relay_of(conn: Any, not_relay: set[str]) -> str | None:
+    """The relay's peer ID of a circuit connection, or None.
+
+    A dialed circuit's address names the relay (`/p2p/<relay>/p2p-circuit/p2p/<peer>`); py-libp2p 0.8.1
+    puts our own ID there on an accepted one, so then the relay is the peer of the stream the circuit
+    runs in (SwarmConn → Yamux → SecureSession → Noise → RawConnection → the relay's stream).
+    """
     try:
-        addrs = [str(a) for a in conn.get_transport_addresses()]
+        for addr in conn.get_transport_addresses():
+            for part in str(addr).split("/p2p/")[1:]:
+                if (pid := part.split("/")[0]) and pid not in not_relay:
+                    return pid
     except Exception:
         return None
-    for addr in addrs:
-        ids = [part.split("/")[0] for part in addr.split("/p2p/")[1:]]
-        for pid in ids:
-            if pid and pid != peer:
-                return pid
+    obj = conn
+    for _ in range(8):
+        stream = getattr(obj, "stream", None)
+        if stream is not None and hasattr(getattr(stream, "muxed_conn", None), "peer_id"):
+            pid = stream.muxed_conn.peer_id.to_base58()
+            return pid if pid not in not_relay else None
+        obj = next((getattr(obj, n) for n in ("muxed_conn", "secured_conn", "conn") if hasattr(obj, n)), None)
+        if obj is None:
+            return None
     return None
