@@ -76,3 +76,44 @@ async def test_both_ends_of_a_circuit_see_it_relayed_and_name_the_relay() -> Non
                 kinds, via = connection_kinds(me.host)
                 assert (kinds[other.peer_id], kinds[relay.peer_id]) == ("relayed", "direct")
                 assert via == {other.peer_id: relay.peer_id}
+
+
+class _Conn:
+    def __init__(self, peer_id, addr: str) -> None:
+        self.peer_id, self._addr = peer_id, multiaddr.Multiaddr(addr)
+
+    def get_transport_addresses(self) -> list:
+        return [self._addr]
+
+
+class _Stream:
+    """Records what the DCUtR handler does with it."""
+
+    def __init__(self, conn: _Conn) -> None:
+        self.muxed_conn, self.calls = conn, []
+
+    async def read(self, n: int = -1) -> bytes:
+        self.calls.append("read")
+        return b""
+
+    async def write(self, data: bytes) -> None:
+        self.calls.append("write")
+
+    async def reset(self) -> None:
+        self.calls.append("reset")
+
+    async def close(self) -> None:
+        self.calls.append("close")
+
+
+@pytest.mark.anyio
+async def test_dcutr_sessions_only_over_relayed_connections_and_few_per_peer() -> None:
+    puncher = Libp2pTransport(create_new_key_pair(), nat_traversal=True).puncher
+    peer = Libp2pTransport(create_new_key_pair()).host.get_id()
+    direct = _Stream(_Conn(peer, "/ip4/198.51.100.7/tcp/4001"))
+    await puncher._handle_dcutr_stream(direct)
+    assert direct.calls == ["reset"]  # refused before reading a byte
+    relayed = [_Stream(_Conn(peer, f"/p2p/{peer}/p2p-circuit/p2p/{peer}")) for _ in range(4)]
+    for stream in relayed:
+        await puncher._handle_dcutr_stream(stream)
+    assert [s.calls[0] for s in relayed] == ["read", "read", "read", "reset"]  # the 4th within a minute is refused
