@@ -36,8 +36,7 @@ log = logging.getLogger("murmur.holepunch")
 MAX_PUNCH_ADDRS = 4
 MAX_SESSIONS_PER_PEER = 3
 SESSION_WINDOW = 60.0
-RELAY_CLOSE_GRACE = 10.0  # py-libp2p's 60 s keeps a finished exchange's relay slot busy for nothing
-dcutr.RELAY_CLOSE_GRACE_PERIOD = RELAY_CLOSE_GRACE
+RELAY_CLOSE_GRACE = 10.0  # py-libp2p's 60 s keeps a relay circuit open for nothing once new streams go direct
 
 
 class _ListenAddrsHost:
@@ -111,6 +110,9 @@ class HolePuncher(DCUtRProtocol):
         self.clock = clock
         self._sessions: dict[ID, list[float]] = {}
         self.punched: dict[str, float] = {}  # peer id -> when its direct connection was verified (clock)
+
+    async def _close_relayed_conns_after_grace(self, peer_id: ID, grace: float = RELAY_CLOSE_GRACE) -> None:
+        await super()._close_relayed_conns_after_grace(peer_id, grace)
 
     def _decode_observed_addrs(self, addr_bytes: list[bytes]) -> list[multiaddr.Multiaddr]:
         return punch_addrs(addr_bytes)
