@@ -2,6 +2,8 @@
 # Create ./.venv with the CPU build of PyTorch and Murmur installed (idempotent).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The NAT tests build namespaces with iptables (they skip, saying so, when not root).
+if [ "$(id -u)" = 0 ] && ! command -v iptables >/dev/null; then apt-get update -qq && apt-get install -y -qq iptables >/dev/null; fi
 PYTHON="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv

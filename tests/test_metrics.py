@@ -117,3 +117,16 @@ async def test_two_libp2p_nodes_serve_metrics_that_move_and_stop_with_the_node(t
         assert after[(f"murmur_{direction}_bytes_total", (("protocol", PEERS_PROTOCOL),))] > 0
     with pytest.raises(OSError):  # the endpoint stopped with the node
         await anyio.to_thread.run_sync(_scrape, url)
+
+
+def test_reachability_connections_and_relayed_bytes() -> None:
+    metrics = NodeMetrics("peer-a", "digits")
+    status = {**_status(1, {}), "reachability": "private", "connections": {"b": "direct", "c": "relayed", "d": "direct"},
+              "relayed_bytes": 1000}
+    metrics.update(status, [], Traffic())
+    metrics.update({**status, "relayed_bytes": 1500}, [], Traffic())
+    got = _samples(generate_latest(metrics.registry).decode())
+    assert [got[("murmur_reachability", (("state", s),))] for s in ("public", "private", "unknown")] == [0, 1, 0]
+    assert got[("murmur_connections", (("kind", "direct"),))] == 2
+    assert got[("murmur_connections", (("kind", "relayed"),))] == 1
+    assert got[("murmur_relayed_bytes_total", ())] == 1500

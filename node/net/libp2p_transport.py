@@ -19,8 +19,12 @@ from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.network.stream.net_stream import INetStream
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
+from libp2p.tools.anyio_service import background_trio_service
 from libp2p.utils.address_validation import expand_wildcard_address
 
+from node.net.autonat import UNKNOWN, AutoNatClient, AutoNatServer
+from node.net.autorelay import RelayFinder
+from node.net.holepunch import HolePuncher, connection_kinds
 from node.net.host import build_host
 from node.net.relay import CircuitRelay, RelayError, is_circuit
 from node.net.transport import READ_CHUNK, ByteStream, StreamHandler, Transport, TransportError
@@ -94,6 +98,8 @@ class Libp2pTransport(Transport):
     `/p2p/<id>`) that replace the listen addresses in what peers are told; `relays` are
     circuit-relay v2 peers (`…/p2p/<relay id>`) to reserve a slot on, whose circuit
     addresses are advertised too; `relay_service` makes this node relay for others.
+    `nat_traversal` turns on AutoNAT (serving and asking), DCUtR hole punching and, with
+    `auto_relay`, relay discovery once AutoNAT says this node is private.
     Raises `ValueError` for a malformed address.
     """
 
@@ -105,6 +111,8 @@ class Libp2pTransport(Transport):
         announce: Sequence[str] = (),
         relays: Sequence[str] = (),
         relay_service: bool = False,
+        nat_traversal: bool = False,
+        auto_relay: bool = False,
     ) -> None:
         self.peer_id = ID.from_pubkey(key_pair.public_key).to_base58()
         self.announce = [_own_address(a, self.peer_id) for a in announce]
@@ -112,7 +120,15 @@ class Libp2pTransport(Transport):
         # address at its first /p2p/, which would turn a circuit address into the relay's own.
         factory = (lambda _listen: [multiaddr.Multiaddr(a) for a in self.announce]) if announce or relays else None
         self.host: BasicHost = build_host(key_pair, max_connections=max_connections, addrs_factory=factory)
-        self.relay = CircuitRelay(self.host, relays=relays, hop=relay_service)
+        self.relay = CircuitRelay(self.host, relays=relays, hop=relay_service, auto=nat_traversal and auto_relay)
+        self.nat_traversal = nat_traversal
+        self.known_peers: Callable[[], dict[str, list[str]]] = dict  # the node sets this (its membership table)
+        if nat_traversal:
+            self.autonat_server = AutoNatServer(self.host)
+            self.autonat = AutoNatClient(self.host, self.listen_addresses)
+            self.puncher = HolePuncher(self.host)
+            self.finder = RelayFinder(self.host, self.relay, self.reachability, lambda: self.known_peers(),
+                                      want=2 if auto_relay else 0)
 
     def gate_connections(self, refuse: Callable[[str], str | None]) -> None:
         """Close every new connection whose peer ID `refuse` gives a reason for."""
@@ -122,7 +138,31 @@ class Libp2pTransport(Transport):
     async def run(self, listen: Sequence[str]) -> AsyncIterator[None]:
         """Listen on `listen` (may be empty: dial out only) and hold the relay reservations."""
         async with self.host.run([multiaddr.Multiaddr(a) for a in listen]), self.relay.run():
-            yield
+            if not self.nat_traversal:
+                yield
+                return
+            async with background_trio_service(self.puncher), anyio.create_task_group() as tg:
+                tg.start_soon(self.autonat.run)
+                tg.start_soon(self.finder.run)
+                try:
+                    yield
+                finally:
+                    tg.cancel_scope.cancel()
+
+    def reachability(self) -> str:
+        """AutoNAT's verdict: "public", "private" or "unknown" (always unknown without `nat_traversal`)."""
+        return self.autonat.status()[0] if self.nat_traversal else UNKNOWN
+
+    def network_info(self) -> dict:
+        """For status: reachability (and why), each connected peer's connection kind, relays in use."""
+        reason = self.autonat.status()[1] if self.nat_traversal else "NAT traversal is off"
+        kinds, via = connection_kinds(self.host)
+        return {
+            "reachability": self.reachability(), "reachability_reason": reason,
+            "connections": kinds, "relayed_via": via, "relays": self.relay.addresses(),
+            "hole_punched": len(self.puncher.punched) if self.nat_traversal else 0,
+            "relayed_bytes": self.relay.relayed_bytes,
+        }
 
     def addresses(self) -> list[str]:
         """What peers are told: announced and relayed addresses if configured, else the listen addresses."""

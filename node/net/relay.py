@@ -4,6 +4,9 @@
   `<relay addr>/p2p-circuit/p2p/<own id>`; it accepts the connections a relay forwards.
 - Any node can dial such an address: the relay connects the two peers (HOP CONNECT).
 - A node with `hop=True` relays for others within `RELAY_LIMITS`.
+- With `auto=True` it serves relayed connections even without configured relays, and
+  `adopt()` adds relays found at run time (`node.net.autorelay`); a discovered relay that
+  stops answering is dropped (`on_drop` is told) instead of being retried forever.
 
 A circuit carries an ordinary libp2p connection: the two ends run their own Noise
 handshake and yamux inside it, so the relay forwards ciphertext and both ends
@@ -16,6 +19,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 import multiaddr
@@ -54,6 +58,14 @@ def is_circuit(addr: str) -> bool:
     return "/p2p-circuit" in addr
 
 
+def is_relayed(conn: Any) -> bool:
+    """True when `conn` (a py-libp2p connection) runs through a relay; unknown counts as relayed."""
+    try:
+        return any(is_circuit(str(a)) for a in conn.get_transport_addresses())
+    except Exception:
+        return True
+
+
 def split_peer(addr: str) -> tuple[str, str]:
     """Split `<transport addr>/p2p/<id>` into (id, transport addr); raises `ValueError`."""
     head, sep, peer_id = addr.rpartition("/p2p/")
@@ -72,6 +84,27 @@ def circuit_address(relay_addr: str, peer_id: str) -> str:
     return f"{relay_addr}/p2p-circuit/p2p/{peer_id}"
 
 
+class _CountingHop(CircuitV2Protocol):
+    """py-libp2p's circuit v2 protocol, counting the bytes it forwards as a relay (`relayed_bytes`)."""
+
+    relayed_bytes = 0
+
+    async def _relay_data(self, src_stream: Any, dst_stream: Any, *args: Any, **kwargs: Any) -> None:
+        await super()._relay_data(src_stream, _CountedWrites(dst_stream, self), *args, **kwargs)
+
+
+class _CountedWrites:
+    def __init__(self, stream: Any, counter: _CountingHop) -> None:
+        self._stream, self._counter = stream, counter
+
+    async def write(self, data: bytes) -> None:
+        await self._stream.write(data)
+        self._counter.relayed_bytes += len(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 class CircuitRelay:
     """Circuit relay v2 on one host: reservations on `relays`, dialing circuits, and (with `hop`) relaying.
 
@@ -81,17 +114,27 @@ class CircuitRelay:
 
     def __init__(
         self, host: BasicHost, *, relays: Sequence[str] = (), hop: bool = False, limits: RelayLimits = RELAY_LIMITS,
+        auto: bool = False,
     ) -> None:
         self.host = host
         self.peer_id = host.get_id().to_base58()
         self.relays = list(relays)
         self._relay_ids = {addr: split_peer(addr)[0] for addr in self.relays}  # validates every address
         self.hop = hop
-        self._protocol = CircuitV2Protocol(host, limits=limits, allow_hop=hop)
+        self._protocol = _CountingHop(host, limits=limits, allow_hop=hop)
         # STOP only: a CLIENT-role dialer would also make a reservation on every relay it dials through.
         self._dialer = CircuitV2Transport(host, self._protocol, RelayConfig(roles=RelayRole.STOP, limits=limits))
         self._reserved: dict[str, float] = {}  # relay addr -> reservation expiry (Unix time)
         self._last_problem: dict[str, str] = {}
+        self.auto = auto
+        self.discovered: set[str] = set()  # relay addrs adopted at run time
+        self.dropped: dict[str, float] = {}  # relay peer id -> when a discovered relay was given up (Unix time)
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    @property
+    def relayed_bytes(self) -> int:
+        """Bytes this node has forwarded for others as a relay (both directions of every circuit)."""
+        return self._protocol.relayed_bytes
 
     def relay_ids(self) -> set[str]:
         """Peer IDs of the relays this node reserves on."""
@@ -108,17 +151,45 @@ class CircuitRelay:
         Entering waits for one reservation attempt per relay (each bounded by
         `RESERVE_TIMEOUT`); failed ones are retried with backoff in the background.
         """
-        if not self.hop and not self.relays:
+        if not self.hop and not self.relays and not self.auto:
             yield  # a plain node dials circuits but accepts none: nothing to serve
             return
         async with background_trio_service(self._protocol), anyio.create_task_group() as tg:
             await self._protocol.event_started.wait()  # STOP/HOP handlers are registered
             for relay in self.relays:
                 await tg.start(self._keep_reserved, relay)
+            self._tg = tg
             try:
                 yield
             finally:
+                self._tg = None
                 tg.cancel_scope.cancel()
+
+    async def adopt(self, relay: str) -> bool:
+        """Reserve on `relay` (found at run time) and keep it while it answers; True once reserved.
+
+        Waits for the first attempt. Raises `ValueError` for a malformed address and `RelayError`
+        outside `run()` or for our own address.
+        """
+        relay_id, _ = split_peer(relay)
+        if relay_id == self.peer_id:
+            raise RelayError("cannot reserve on this node itself")
+        if self._tg is None:
+            raise RelayError("adopt() needs run()")
+        if relay in self.relays:
+            return relay in self._reserved
+        self.relays.append(relay)
+        self._relay_ids[relay] = relay_id
+        self.discovered.add(relay)
+        await self._tg.start(self._keep_reserved, relay)
+        return relay in self._reserved
+
+    def _drop(self, relay: str) -> None:
+        self.relays.remove(relay)
+        self.dropped[self._relay_ids.pop(relay)] = time.time()
+        self.discovered.discard(relay)
+        self._reserved.pop(relay, None)
+        log.warning("gave up relay %s: no reservation", relay)
 
     async def dial(self, circuit_addr: str) -> None:
         """Connect to the peer at `circuit_addr` through its relay; raises `RelayError`."""
@@ -189,6 +260,9 @@ class CircuitRelay:
         task_status.started()
         retry = 1.0
         while True:
+            if expires is None and relay in self.discovered:
+                self._drop(relay)  # the finder picks another; a configured relay is retried forever
+                return
             if expires is None:
                 await anyio.sleep(retry)
                 retry = min(RETRY_MAX, retry * 2)

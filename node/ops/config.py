@@ -33,6 +33,7 @@ CONFIG_OPTION = "config"  # names the file; not itself settable from the file
 DEFAULT_DATA_DIR = Path.home() / ".murmur"
 DEFAULT_LISTEN = "/ip4/0.0.0.0/tcp/0"
 _OPTION = "option"  # the dataclass field metadata key
+AUTO_RELAY = "auto"  # `--relay auto`: find relays among known peers (also the default without --relay)
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -107,6 +108,8 @@ def _bootstrap_addr(text: str) -> str:
 def _relay_addr(text: str) -> str:
     from node.net.relay import split_peer
 
+    if text == AUTO_RELAY:
+        return text
     try:
         split_peer(text)
     except ValueError as exc:
@@ -179,8 +182,11 @@ class NodeConfig:
                                  help="public address peers should dial instead of the listen addresses (port mapping, NAT), repeatable")
     relays: list[str] = option(factory=list, flag="relay", parse=_relay_addr, metavar="MULTIADDR",
                                help="circuit-relay v2 peer (/ip4/…/tcp/…/p2p/<id>) to reserve a slot on when this node cannot be "
-                                    "dialed directly; it is then reached at <relay>/p2p-circuit/p2p/<own id>, repeatable")
+                                    "dialed directly; it is then reached at <relay>/p2p-circuit/p2p/<own id>, repeatable; "
+                                    "'auto' (the default without --relay): when AutoNAT finds this node private, reserve "
+                                    "on peers that run --relay-service")
     relay_service: bool = option(False, "relay (circuit v2 hop) for peers behind NAT, within fixed limits")
+    nat_traversal: bool = option(True, "no AutoNAT, hole punching (DCUtR) or relay discovery", flag="no-nat-traversal")
     addr_file: Path | None = option(None, "write the listening (then announced) addresses here, one per line")
     slowdown: float = option(1.0, "emulate a device S times slower (sleep (S-1) x compute after each step)")
     step_time_ms: float | None = option(None, "pad every step to S x MS ms per 32 samples", flag="step-time", metavar="MS")

@@ -111,6 +111,12 @@ class NodeMetrics:
             "murmur_partner_distance", "L2 distance between this node's parameters and its last accepted partner's, before merging",
             registry=r,
         )  # fmt: skip
+        self.reachability = Gauge(
+            "murmur_reachability", "1 for AutoNAT's current verdict (public, private, unknown), 0 for the others",
+            ["state"], registry=r,
+        )  # fmt: skip
+        self.connections = Gauge("murmur_connections", "Connected peers by connection kind", ["kind"], registry=r)
+        self.relayed = PromCounter("murmur_relayed_bytes", "Bytes this node forwarded for others as a relay", registry=r)
         self._seen: dict[tuple[str, ...], float] = {}
         self._exchanges_seen = 0
 
@@ -146,6 +152,12 @@ class NodeMetrics:
         self.weight.set(status["weight"])
         if status.get("partner_distance") is not None:
             self.distance.set(status["partner_distance"])
+        for state in ("public", "private", "unknown"):
+            self.reachability.labels(state).set(1 if status.get("reachability", "unknown") == state else 0)
+        kinds = list(status.get("connections", {}).values())
+        for kind in ("direct", "relayed"):
+            self.connections.labels(kind).set(kinds.count(kind))
+        self._advance(self.relayed, ("relayed",), status.get("relayed_bytes", 0))
 
 
 def _url(host: str, port: int) -> str:

@@ -34,7 +34,7 @@ from node.net.membership import PEERS_PROTOCOL, Membership
 from node.net.peers import PeerTable
 from node.net.security import BanList, GuardedTransport, load_allow_list, load_secret
 from node.net.transport import Transport
-from node.ops.config import NodeConfig
+from node.ops.config import AUTO_RELAY, NodeConfig
 from node.ops.metrics import CountingTransport, NodeMetrics, Traffic, serve_metrics
 from node.ops.status import STATUS_FILE
 
@@ -55,10 +55,13 @@ class Node:
     def __init__(
         self, config: NodeConfig, transport: Transport, bans: BanList | None = None,
         listen_addresses: Callable[[], list[str]] | None = None,
+        network_info: Callable[[], dict] | None = None,
     ) -> None:
-        """`listen_addresses` gives the real listen addresses when they differ from `transport.addresses()`."""
+        """`listen_addresses` gives the real listen addresses when they differ from `transport.addresses()`;
+        `network_info` the transport's reachability and connection kinds for status (`Libp2pTransport.network_info`)."""
         self.config = config
         self._listen_addresses = listen_addresses or transport.addresses
+        self._network_info = network_info or (lambda: {"reachability": "unknown", "connections": {}})
         self.traffic = Traffic()
         transport = CountingTransport(transport, self.traffic)  # counts every protocol's bytes, for metrics
         self.transport = transport
@@ -248,6 +251,7 @@ class Node:
             "bytes_out": sum(self.traffic.sent.values()),
             "partner_distance": self.averager.last_partner_distance,
             "metrics_url": self.metrics_url,
+            **self._network_info(),  # "reachability", "connections" (peer -> "direct" | "relayed"), ...
         }
 
     def write_status(self) -> dict:
@@ -277,9 +281,11 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def build_transport(config: NodeConfig, key_pair: KeyPair, bans: BanList) -> GuardedTransport:
     """The node's libp2p transport behind its allow-list, swarm secret, bans and limits."""
+    relays = [r for r in config.relays if r != AUTO_RELAY]
     inner = Libp2pTransport(
         key_pair, max_connections=config.max_connections,
-        announce=config.announce, relays=config.relays, relay_service=config.relay_service,
+        announce=config.announce, relays=relays, relay_service=config.relay_service,
+        nat_traversal=config.nat_traversal, auto_relay=not relays or AUTO_RELAY in config.relays,
     )
     guarded = GuardedTransport(
         inner,
@@ -287,9 +293,10 @@ def build_transport(config: NodeConfig, key_pair: KeyPair, bans: BanList) -> Gua
         secret=load_secret(config.swarm_secret_file) if config.swarm_secret_file else None,
         bans=bans,
     )
-    relay_ids = inner.relay.relay_ids()
-    # Our relays may connect even when not allowed to take part: the reservation needs the connection.
-    inner.gate_connections(lambda peer: None if peer in relay_ids else guarded.refusal(peer))
+    # Our relays (configured or found) may connect even when not allowed to take part: the reservation needs it.
+    inner.gate_connections(lambda peer: None if peer in inner.relay.relay_ids() else guarded.refusal(peer))
+    if config.nat_traversal:  # but only allowed, unbanned peers are found as relays
+        inner.finder.acceptable = lambda peer: guarded.refusal(peer) is None
     return guarded
 
 
@@ -298,5 +305,8 @@ def build_node(config: NodeConfig, key_pair: KeyPair) -> Node:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     bans = BanList(config.data_dir / BANS_FILE)
     transport = build_transport(config, key_pair, bans)
-    assert isinstance(transport.inner, Libp2pTransport)
-    return Node(config, transport, bans, listen_addresses=transport.inner.listen_addresses)
+    inner = transport.inner
+    assert isinstance(inner, Libp2pTransport)
+    node = Node(config, transport, bans, listen_addresses=inner.listen_addresses, network_info=inner.network_info)
+    inner.known_peers = lambda: {p: e.addrs for p, e in node.table.members.items()}  # where relays are looked for
+    return node

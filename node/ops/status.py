@@ -126,6 +126,10 @@ def render(status: dict[str, Any], now: float, console: Console) -> None:
     summary.add_row("loss", f"{_num(status.get('loss'))}" + (f" · held-out {evaluation}" if evaluation else ""))
     summary.add_row("work weight", _num(status.get("weight"), ".0f"))
     summary.add_row("known peers", str(status.get("known_peers", 0)))
+    if "reachability" in status:
+        kinds = list((status.get("connections") or {}).values())
+        summary.add_row("reachability", f"{status['reachability']} · connections: {kinds.count('direct')} direct, "
+                                        f"{kinds.count('relayed')} relayed")
     exchanges = status.get("exchanges") or {}
     summary.add_row("exchanges", ", ".join(f"{k} {v}" for k, v in sorted(exchanges.items())) or "none yet")
     summary.add_row("partner distance", _num(status.get("partner_distance")))

@@ -1,0 +1,136 @@
+"""A Murmur swarm through real NAT: public peers (bootstrap and relays, all `--relay-service`) and two
+peers each behind its own NAT router, every one a `murmur run` process in its own network namespace.
+
+Used by `tests/test_nat.py` and `scripts/nat_measure.py`. Needs root, iproute2 and iptables
+(`node.lab.netns.netns_unavailable_reason`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from node.lab.netns import Netns, Network
+
+PORT = 4001
+PUNCH_LINE = re.compile(r"direct connection to (\w+) \(hole punched\)")
+EXCHANGE_LINE = re.compile(r"exchange with (\w+): (\w+)")
+
+
+class NatSwarmError(RuntimeError):
+    """A peer exited or a condition was not reached in time; the message says which and where the logs are."""
+
+
+class NatSwarm:
+    """Builds the topology and starts the peers on entry; removes everything on exit (even on failure).
+
+    `unpunchable` gives b a port-randomising NAT (`MASQUERADE --random-fully`) that hole punching cannot pass;
+    `spare_relay` adds a third public relay, "relay2".
+    """
+
+    def __init__(
+        self, root: Path, *, unpunchable: bool = False, spare_relay: bool = False, duration: float = 120.0,
+        extra: tuple[str, ...] = (),
+    ) -> None:
+        self.root = root
+        self.unpunchable = unpunchable
+        self.public = ("boot", "relay", "relay2") if spare_relay else ("boot", "relay")
+        self.duration = duration
+        self.extra = list(extra)
+        self.net = Network(prefix="nsw")
+        self.hosts: dict[str, Netns] = {}
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.started = 0.0
+        self.killed: set[str] = set()
+
+    def __enter__(self) -> "NatSwarm":
+        self.net.__enter__()
+        try:
+            net = self.net
+            for name in self.public:
+                self.hosts[name] = net.host(name)
+            self.nat_a, self.nat_b = net.nat("homea"), net.nat("homeb", random_fully=self.unpunchable)
+            self.hosts["a"], self.hosts["b"] = net.host("a", behind=self.nat_a), net.host("b", behind=self.nat_b)
+            self.started = time.monotonic()
+            self._start("boot", "--relay-service")
+            self.bootstrap = f"/ip4/{self.hosts['boot'].address}/tcp/{PORT}/p2p/{self.peer_id('boot')}"
+            for name in self.public[1:]:
+                self._start(name, "--relay-service", "--bootstrap", self.bootstrap)
+            for name in ("a", "b"):
+                self._start(name, "--bootstrap", self.bootstrap)
+        except BaseException:
+            self.net.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.net.close()
+
+    def _start(self, name: str, *args: str) -> None:
+        data = self.root / name
+        data.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "node.cli", "run", "--data-dir", str(data), "--listen", f"/ip4/0.0.0.0/tcp/{PORT}",
+                "--addr-file", str(data / "addrs.txt"), "--threads", "1", "--duration", str(self.duration),
+                *self.extra, *args]
+        with (data / "log.txt").open("w") as log:
+            self.procs[name] = self.hosts[name].popen(argv, stdout=log, stderr=subprocess.STDOUT)
+
+    def peer_id(self, name: str, timeout: float = 90.0) -> str:
+        """The peer's ID, from its addr file (waits for it to start listening)."""
+        self.wait_until(lambda: (self.root / name / "addrs.txt").exists(), f"{name} listening", timeout)
+        return (self.root / name / "addrs.txt").read_text().split()[0].rsplit("/p2p/", 1)[1]
+
+    def status(self, name: str) -> dict:
+        """The peer's latest status.json, or {} before it writes one."""
+        try:
+            return json.loads((self.root / name / "status.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def log(self, name: str) -> str:
+        return (self.root / name / "log.txt").read_text(errors="replace")
+
+    def wait_until(self, condition: Callable[[], bool], what: str, timeout: float) -> float:
+        """Poll `condition` every 0.25 s; return the seconds since start when it holds. Raises NatSwarmError."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if condition():
+                return time.monotonic() - self.started
+            for name, proc in self.procs.items():
+                if proc.poll() is not None and name not in self.killed:
+                    raise NatSwarmError(f"{name} exited with {proc.returncode} waiting for {what}; see {self.root / name}")
+            time.sleep(0.25)
+        raise NatSwarmError(f"no {what} within {timeout:g} s; logs under {self.root}")
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one peer (a crash, not a goodbye)."""
+        self.killed.add(name)
+        self.procs[name].kill()
+        self.procs[name].wait(timeout=10)
+
+    def can_dial(self, src: str, ip: str, port: int = PORT) -> bool:
+        """Whether a plain TCP connect from `src`'s namespace to ip:port succeeds within 2 s."""
+        probe = "import socket,sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2).close()"
+        return self.hosts[src].run(sys.executable, "-c", probe, ip, str(port), check=False).returncode == 0
+
+    def interface_bytes(self, name: str) -> int:
+        """Bytes sent plus received on the peer's uplink so far."""
+        read = lambda stat: int(self.hosts[name].run("cat", f"/sys/class/net/eth0/statistics/{stat}").stdout)  # noqa: E731
+        return read("tx_bytes") + read("rx_bytes")
+
+    def exchanges(self, name: str, partner: str) -> list[tuple[str, str]]:
+        """(result, path) of each exchange `name` started with `partner`, in order, from its log; path is
+        "direct" after the log says the hole was punched, else "relayed"."""
+        short = self.peer_id(partner)[-8:]
+        path, out = "relayed", []
+        for line in self.log(name).splitlines():
+            if (m := PUNCH_LINE.search(line)) and m.group(1) == short:
+                path = "direct"
+            elif (m := EXCHANGE_LINE.search(line)) and m.group(1) == short:
+                out.append((m.group(2), path))
+        return out

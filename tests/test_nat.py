@@ -1,0 +1,77 @@
+"""Through real NAT: `murmur run` peers in network namespaces, two of them behind NAT routers (iptables MASQUERADE).
+
+Proves: NATed peers cannot be dialed; AutoNAT says private for them and public for the others; relays are
+found without being named; DCUtR makes the NATed pair's connection direct and models move over it; behind
+a NAT that punching cannot pass they keep training through a relay, and a killed relay costs at most one
+exchange; nothing is left behind. (~60-90 s each on 2 cores.)
+"""
+
+import subprocess
+
+import pytest
+
+from node.lab.natswarm import NatSwarm
+from node.lab.netns import netns_unavailable_reason
+
+_reason = netns_unavailable_reason(need_iptables=True)
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(_reason is not None, reason=_reason or "")]
+
+
+def _namespaces() -> set[str]:
+    return set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
+
+
+def _reachability(swarm: NatSwarm) -> dict[str, str]:
+    return {name: swarm.status(name).get("reachability", "-") for name in ("boot", "relay", "a", "b")}
+
+
+def _connection(swarm: NatSwarm, name: str, partner: str) -> str | None:
+    return swarm.status(name).get("connections", {}).get(swarm.peer_id(partner))
+
+
+def test_nated_peers_punch_a_hole_and_exchange_models_directly(tmp_path) -> None:
+    with NatSwarm(tmp_path, duration=120) as swarm:
+        names = {ns.name for ns in swarm.net.namespaces}
+        for name in ("a", "b"):
+            nat = swarm.nat_a if name == "a" else swarm.nat_b
+            assert not swarm.can_dial("boot", nat.address), f"{name}'s NAT forwards unsolicited connections"
+            assert not swarm.can_dial("boot", swarm.hosts[name].address), f"{name} is routable from outside"
+        swarm.wait_until(lambda: _reachability(swarm) == {"boot": "public", "relay": "public", "a": "private", "b": "private"},
+                         "reachability public, public, private, private", 120)
+        for name in ("a", "b"):  # relays were found, not configured, and only circuits are advertised
+            swarm.wait_until(lambda n=name: len(swarm.status(n).get("relays", [])) == 2, f"two relays for {name}", 60)
+            assert all("/p2p-circuit/" in a for a in swarm.status(name)["addrs"])
+        swarm.wait_until(lambda: _connection(swarm, "a", "b") == "direct" and _connection(swarm, "b", "a") == "direct",
+                         "a direct a-b connection", 90)
+        swarm.wait_until(lambda: ("merged", "direct") in swarm.exchanges("a", "b") + swarm.exchanges("b", "a"),
+                         "a model exchange over the punched connection", 60)
+        swarm.wait_until(lambda: swarm.status("a")["hole_punched"] + swarm.status("b")["hole_punched"] >= 1,
+                         "status counting the punched hole", 10)
+    assert not names & _namespaces()
+    assert all(p.poll() is not None for p in swarm.procs.values())
+
+
+def test_unpunchable_nat_falls_back_to_the_relay_and_survives_losing_it(tmp_path) -> None:
+    with NatSwarm(tmp_path, unpunchable=True, spare_relay=True, duration=150) as swarm:
+        swarm.wait_until(lambda: all(len(swarm.status(n).get("relays", [])) == 2 for n in ("a", "b")),
+                         "two relay reservations each", 150)
+        swarm.wait_until(lambda: sum(r == "merged" for r, _ in swarm.exchanges("a", "b")) >= 3,
+                         "three a-b exchanges", 90)
+        assert _connection(swarm, "a", "b") == "relayed"
+        assert ("merged", "direct") not in swarm.exchanges("a", "b")
+        victim_id = swarm.status("a")["relayed_via"][swarm.peer_id("b")]  # the relay carrying a-b
+        victim = next(name for name in swarm.public if swarm.peer_id(name) == victim_id)
+        before = len(swarm.exchanges("a", "b"))
+        swarm.kill(victim)
+        swarm.wait_until(lambda: sum(r == "merged" for r, _ in swarm.exchanges("a", "b")[before:]) >= 3,
+                         f"three a-b exchanges after killing {victim}", 90)
+        after = swarm.exchanges("a", "b")[before:]
+        assert [r for r, _ in after].index("merged") <= 1, f"more than one exchange lost to the dead relay: {after}"
+
+        def re_reserved(name: str) -> bool:  # two reservations again, none on the dead relay
+            relays = swarm.status(name).get("relays", [])
+            return len(relays) == 2 and not any(victim_id in r for r in relays)
+
+        swarm.wait_until(lambda: re_reserved("a") and re_reserved("b"), "two live reservations each again", 60)
+        assert _connection(swarm, "a", "b") == "relayed"
+    assert all(p.poll() is not None for p in swarm.procs.values())
