@@ -13,8 +13,8 @@ from protocol.errors import MalformedMessage, RemoteProtocolError
 from protocol.messages import (
     FRAME_HEADER,
     MAX_ADDRS,
-    MAX_PARTNERS,
     MAX_PARAMS_SIZE,
+    MAX_PARTNERS,
     MAX_PEERS_PER_HELLO,
     MAX_TEXT,
     MAX_WORK,
