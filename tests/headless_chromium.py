@@ -43,7 +43,7 @@ def dump_dom(url: str, budget_ms: int = 4000, timeout: float = 60.0) -> str:
     return _run([f"--virtual-time-budget={budget_ms}", "--dump-dom", url], timeout)
 
 
-def screenshot(url: str, path: Path, size: tuple[int, int] = (1280, 1100), budget_ms: int = 4000) -> None:
+def screenshot(url: str, path: Path, size: tuple[int, int] = (1280, 1400), budget_ms: int = 4000) -> None:
     _run([f"--virtual-time-budget={budget_ms}", f"--window-size={size[0]},{size[1]}", "--hide-scrollbars",
           f"--screenshot={path}", url], 60.0)  # fmt: skip
     if not path.exists() or path.stat().st_size == 0:

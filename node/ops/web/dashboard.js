@@ -19,10 +19,17 @@ function svg(tag, attrs) {
   return e;
 }
 
-function colour(peerId) {  // stable per peer: a hash of its ID picks the hue
-  let h = 0;
-  for (const c of String(peerId)) h = (h * 31 + c.charCodeAt(0)) >>> 0;
-  return `hsl(${h % 360}, 65%, 42%)`;
+// Distinct colours in the order peers are first seen, kept for the page's life; a hash past the palette.
+const PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"];
+const colours = new Map();
+function colour(peerId) {
+  const id = String(peerId);
+  if (!colours.has(id)) {
+    let h = 0;
+    for (const c of id) h = (h * 31 + c.charCodeAt(0)) >>> 0;
+    colours.set(id, colours.size < PALETTE.length ? PALETTE[colours.size] : `hsl(${h % 360}, 60%, 45%)`);
+  }
+  return colours.get(id);
 }
 
 function short(peerId) {
@@ -70,6 +77,9 @@ function renderChart(id, series, opts) {
     chart.replaceChildren(...parts);
     return;
   }
+  const log = opts && opts.log && all.every(p => p[1] > 0);  // loss spans decades: a log axis shows the fall
+  if (log) for (const s of series) s.points = s.points.map(p => [p[0], Math.log10(p[1])]);
+  if (log) all.splice(0, all.length, ...series.flatMap(s => s.points));
   const t0 = Math.min(...all.map(p => p[0])), t1 = Math.max(...all.map(p => p[0]), t0 + 1);
   let y0 = Math.min(...all.map(p => p[1])), y1 = Math.max(...all.map(p => p[1]));
   if (opts && opts.zero) y0 = Math.min(0, y0);
@@ -80,11 +90,11 @@ function renderChart(id, series, opts) {
   parts.push(svg("line", { x1: PAD.l, y1: PAD.t, x2: PAD.l, y2: H - PAD.b, stroke: "#999" }));
   for (const [v, anchor] of [[y1, PAD.t + 8], [y0, H - PAD.b]]) {
     const label = svg("text", { x: PAD.l - 4, y: anchor, "text-anchor": "end" });
-    label.textContent = fmt(v, 3);
+    label.textContent = fmt(log ? Math.pow(10, v) : v, 3);
     parts.push(label);
   }
   const span = svg("text", { x: W - PAD.r, y: H - 4, "text-anchor": "end" });
-  span.textContent = `last ${fmt(t1 - t0, 3)} s`;
+  span.textContent = `last ${fmt(t1 - t0, 3)} s${log ? " · log scale" : ""}`;
   parts.push(span);
   for (const s of series) {
     if (s.points.length === 0) continue;
@@ -95,6 +105,13 @@ function renderChart(id, series, opts) {
     title.textContent = s.label;
     line.append(title);
     parts.push(line);
+  }
+  if (opts && opts.legend) {
+    series.forEach((s, i) => {
+      const key = svg("text", { x: W - PAD.r - 60 * (series.length - i), y: PAD.t + 8, fill: s.colour });
+      key.textContent = `${s.dash ? "- -" : "—"} ${s.label}`;
+      parts.push(key);
+    });
   }
   chart.replaceChildren(...parts);
 }
@@ -124,7 +141,7 @@ function trafficSeries(data) {
 
 function renderGraph(data) {
   const graph = document.getElementById("graph");
-  const n = data.peers.length, cx = 200, cy = 125, r = 90;
+  const n = data.peers.length, cx = 200, cy = 120, r = 85;
   const pos = new Map(data.peers.map((p, i) => {
     const a = 2 * Math.PI * i / Math.max(n, 1) - Math.PI / 2;
     return [p.peer_id, [cx + r * Math.cos(a), cy + r * Math.sin(a)]];
@@ -164,12 +181,12 @@ function renderExchanges(data) {
 function render(data) {
   document.getElementById("self").textContent = data.self;
   renderPeers(data);
-  renderChart("chart-loss", peerSeries(data, "loss"));
+  renderChart("chart-loss", peerSeries(data, "loss"), { log: true });
   document.getElementById("metric-title").textContent = data.metric ? `Held-out ${data.metric}` : "Held-out metric";
   renderChart("chart-metric", peerSeries(data, "metric"));
   renderChart("chart-throughput", peerSeries(data, "samples_per_s"), { zero: true });
   renderChart("chart-idle", peerSeries(data, "idle"), { zero: true });
-  renderChart("chart-traffic", trafficSeries(data), { zero: true });
+  renderChart("chart-traffic", trafficSeries(data), { zero: true, legend: true });
   const sum = o => Object.values(o).reduce((a, b) => a + b, 0);
   document.getElementById("traffic-total").textContent =
     `total in ${fmt(sum(data.traffic.in) / 1048576, 3)} MiB · out ${fmt(sum(data.traffic.out) / 1048576, 3)} MiB`;
