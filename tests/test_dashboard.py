@@ -166,7 +166,7 @@ async def test_server_serves_page_json_metrics_and_nothing_else() -> None:
 async def test_a_taken_port_is_a_typed_error_naming_it() -> None:
     async with serve_dashboard(DashboardState(), "127.0.0.1", 0) as url:
         port = int(url.rsplit(":", 1)[1].strip("/"))
-        with pytest.raises(DashboardUnavailable, match=f"cannot serve the dashboard on 127.0.0.1:{port}") as info:
+        with pytest.raises(DashboardUnavailable, match=f"cannot serve metrics and the dashboard on 127.0.0.1:{port}") as info:
             async with serve_dashboard(DashboardState(), "127.0.0.1", port):
                 pass
         assert isinstance(info.value, MetricsUnavailable)  # `murmur run` reports it in one line

@@ -202,6 +202,7 @@ def _handler(state: DashboardState) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "murmur"
         sys_version = ""
+        timeout = 10  # seconds a client may stall mid-request before its thread gives up on it
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             self._respond(head=False)
@@ -253,7 +254,7 @@ async def serve_dashboard(state: DashboardState, host: str, port: int) -> AsyncI
     try:
         server = ThreadingHTTPServer((host, port), _handler(state))
     except OSError as exc:
-        raise DashboardUnavailable(f"cannot serve the dashboard on {host}:{port}: {exc.strerror or exc}") from None
+        raise DashboardUnavailable(f"cannot serve metrics and the dashboard on {host}:{port}: {exc.strerror or exc}") from None
     server.daemon_threads = True  # a browser holding a connection open must not block shutdown
     thread = threading.Thread(target=server.serve_forever, name="murmur-dashboard", daemon=True)
     thread.start()

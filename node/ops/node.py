@@ -36,7 +36,14 @@ from node.net.peers import PeerTable
 from node.net.security import BanList, GuardedTransport, load_allow_list, load_secret
 from node.net.transport import Transport
 from node.ops.config import NodeConfig
-from node.ops.dashboard import DashboardState, SwarmHistory, nonlocal_bind_warning, serve_dashboard, swarm_view
+from node.ops.dashboard import (
+    DashboardState,
+    SwarmHistory,
+    nonlocal_bind_warning,
+    recent_partners,
+    serve_dashboard,
+    swarm_view,
+)
 from node.ops.metrics import CountingTransport, NodeMetrics, Traffic
 from node.ops.status import STATUS_FILE
 from protocol.messages import PeerSummary
@@ -275,12 +282,11 @@ class Node:
         elapsed = self.stats.elapsed(now)
         metric, value = next(iter(self.last_eval.items()), ("", None))
         loss = self.trainer.last_loss
-        partners = [o.partner for o in self.averager.recent if o.result == "merged" and o.partner]
         return PeerSummary(
             task=self.trainer.task.name[:64], samples_per_s=self.trainer.samples / elapsed if elapsed else 0.0,
             metric=metric[:32], metric_value=_finite_or_none(value), loss=_finite_or_none(loss),
             work=min(float(self.trainer.weight), 1e15), phase=self.phase[:16],
-            idle=min(1.0, max(0.0, 1.0 - self.stats.compute_fraction(now))), partners=list(dict.fromkeys(partners))[-8:],
+            idle=min(1.0, max(0.0, 1.0 - self.stats.compute_fraction(now))), partners=recent_partners(asdict(o) for o in self.averager.recent),
         )  # fmt: skip
 
     def write_status(self) -> dict:
