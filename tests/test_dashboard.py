@@ -103,6 +103,22 @@ def test_swarm_view_lists_self_and_members_with_edges_and_history() -> None:
     json.dumps(view, allow_nan=False)  # strict JSON: a browser's JSON.parse takes it
 
 
+def test_a_member_without_a_summary_is_listed_with_empty_fields() -> None:
+    history = SwarmHistory()
+    view = swarm_view(_status(), {"peerA": (_summary(), 1.0)}, history, 1.0, [], {},
+                      members=["peerA", "silent", "12D3KooWself"])  # fmt: skip
+    assert [p["peer_id"] for p in view["peers"]] == ["12D3KooWself", "peerA", "silent"]
+    silent = view["peers"][2]
+    assert (silent["task"], silent["loss"], silent["age_s"], silent["partners"]) == ("", None, None, [])
+    assert "silent" not in view["history"]
+
+
+def test_history_values_are_rounded_to_five_digits() -> None:
+    view = swarm_view(_status(loss=0.123456789, t=1765000000.123456), {}, SwarmHistory(), 0.0, [], {})
+    (point,) = view["history"]["12D3KooWself"]
+    assert (point["loss"], point["t"]) == (0.12346, 1765000000.12)
+
+
 def test_swarm_view_before_training_has_no_nan() -> None:
     view = swarm_view(_status(loss=float("nan"), eval={}), {}, SwarmHistory(), 0.0, [], {})
     assert view["peers"][0]["loss"] is None and view["metric"] == ""

@@ -115,12 +115,16 @@ class SwarmHistory:
 def swarm_view(
     status: Mapping[str, Any], summaries: Mapping[str, tuple[Any, float]], history: SwarmHistory,
     now: float, recent: Iterable[Mapping[str, Any]], traffic: Mapping[str, Mapping[str, int]],
+    members: Iterable[str] = (),
 ) -> dict[str, Any]:
     """The swarm as this node knows it, as JSON-ready data; also records one history point per peer.
 
-    `status` is the node's own `status()`; `summaries` maps each live member to its latest
-    `PeerSummary` and when it arrived (on the clock of `now`); `recent` are this node's
-    latest exchange outcomes; `traffic` its bytes by direction and protocol.
+    `status` is the node's own `status()`; `summaries` maps live members to their latest
+    `PeerSummary` and when it arrived (on the clock of `now`); `members` are all live
+    members, listed with empty fields until a summary arrives (a peer may share none);
+    `recent` are this node's latest exchange outcomes; `traffic` its bytes by direction
+    and protocol. History values are rounded to 5 significant digits (the page draws
+    them; the answer stays small).
     """
     me = status["peer_id"]
     evaluation = status.get("eval") or {}
@@ -135,10 +139,14 @@ def swarm_view(
     for peer_id, (summary, seen) in sorted(summaries.items()):
         peers.append({"peer_id": peer_id, "self": False, **_summary_dict(summary), "age_s": max(0.0, now - seen),
                       "_seen": seen})
+    for peer_id in sorted(set(members) - set(summaries) - {me}):
+        peers.append({"peer_id": peer_id, "self": False, **_NO_SUMMARY, "age_s": None})
     t = status.get("t", 0.0)
     for peer in peers:
-        point = {"t": t, "loss": peer["loss"], "metric": peer["metric_value"], "samples_per_s": peer["samples_per_s"],
-                 "idle": peer["idle"]}
+        if not peer["self"] and peer["age_s"] is None:
+            continue  # nothing known to draw
+        point = {"t": round(t, 2), "loss": _round(peer["loss"]), "metric": _round(peer["metric_value"]),
+                 "samples_per_s": _round(peer["samples_per_s"]), "idle": _round(peer["idle"])}
         if peer["self"]:
             point.update(bytes_in=status.get("bytes_in", 0), bytes_out=status.get("bytes_out", 0))
         # A peer's point only when a new summary came: the same summary twice would draw a flat line.
@@ -150,6 +158,14 @@ def swarm_view(
         "exchanges": [dict(o) for o in recent][-20:], "edges": [list(e) for e in edges],
         "traffic": {"in": dict(traffic.get("in", {})), "out": dict(traffic.get("out", {}))},
     })  # fmt: skip
+
+
+_NO_SUMMARY = {"task": "", "samples_per_s": None, "metric": "", "metric_value": None, "loss": None, "work": None,
+               "phase": "", "idle": None, "partners": []}  # fmt: skip
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else float(f"{value:.5g}")
 
 
 def recent_partners(recent: Iterable[Mapping[str, Any]], limit: int = 8) -> list[str]:

@@ -221,7 +221,7 @@ class Node:
                 swarm = swarm_view(
                     status, self.membership.summaries(), self.history, self.membership.clock(),
                     [asdict(o) for o in self.averager.recent],
-                    {"in": self.traffic.received, "out": self.traffic.sent},
+                    {"in": self.traffic.received, "out": self.traffic.sent}, self.table.members,
                 )  # fmt: skip
                 self.dashboard.publish(status, swarm)
             await anyio.sleep(STATUS_INTERVAL)

@@ -58,9 +58,9 @@ function renderPeers(data) {
     name.append(swatch(p.peer_id), el("span", short(p.peer_id) + (p.self ? " (this node)" : "")));
     name.title = p.peer_id;
     tr.append(name, el("td", p.task), el("td", p.phase), el("td", fmt(p.samples_per_s, 4), "num"),
-      el("td", fmt(p.idle * 100, 2) + " %", "num"), el("td", fmt(p.loss, 4), "num"),
+      el("td", p.idle === null ? "—" : fmt(p.idle * 100, 2) + " %", "num"), el("td", fmt(p.loss, 4), "num"),
       el("td", p.metric ? `${p.metric} ${fmt(p.metric_value, 4)}` : "—"), el("td", fmt(p.work, 4), "num"),
-      el("td", p.self ? "now" : `${fmt(p.age_s, 2)} s ago`, "num"));
+      el("td", p.self ? "now" : p.age_s === null ? "no summary" : `${fmt(p.age_s, 2)} s ago`, "num"));
     rows.push(tr);
   }
   body.replaceChildren(...rows);
