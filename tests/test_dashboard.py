@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import socket
 import urllib.error
 import urllib.request
 from importlib import resources
@@ -177,6 +178,32 @@ async def test_server_serves_page_json_metrics_and_nothing_else() -> None:
         with pytest.raises(urllib.error.HTTPError) as info:
             await anyio.to_thread.run_sync(lambda: urllib.request.urlopen(request, timeout=5))
         assert info.value.code == 501  # read-only: no method but GET and HEAD
+
+
+async def test_silent_connections_beyond_the_limit_are_closed_and_the_server_recovers() -> None:
+    state = DashboardState()
+    async with serve_dashboard(state, "127.0.0.1", 0, max_clients=2) as url:
+        port = int(url.rsplit(":", 1)[1].strip("/"))
+        silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]  # they send nothing
+        try:
+            with anyio.fail_after(10):
+                while True:  # until the server has taken both: then a third connection is closed unanswered
+                    try:
+                        await anyio.to_thread.run_sync(_get, url + "api/swarm")
+                    except OSError:  # closed unanswered (reset, or no status line)
+                        break
+                    await anyio.sleep(0.05)
+        finally:
+            for sock in silent:
+                sock.close()
+        with anyio.fail_after(10):
+            while True:  # the silent clients' threads end on their EOF: the slots come back
+                try:
+                    code, _, body = await anyio.to_thread.run_sync(_get, url + "api/swarm")
+                    break
+                except OSError:  # closed unanswered (reset, or no status line)
+                    await anyio.sleep(0.05)
+        assert (code, body) == (200, b"{}")
 
 
 async def test_a_taken_port_is_a_typed_error_naming_it() -> None:

@@ -31,6 +31,7 @@ from node.ops.status import _finite
 
 HISTORY_POINTS = 600  # per peer: 10 minutes at one point per second
 HISTORY_PEERS = 64  # peers whose history is kept (the newest seen win)
+MAX_CLIENTS = 16  # connections served at once; more are closed unanswered (each holds a thread)
 STATIC_FILES = {  # path -> (package file, content type): nothing else is served
     "/": ("index.html", "text/html; charset=utf-8"),
     "/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
@@ -256,22 +257,55 @@ def _handler(state: DashboardState) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _BoundedServer(ThreadingHTTPServer):
+    """A threading HTTP server that serves at most `max_clients` connections at once.
+
+    A connection beyond the limit is closed at once, unanswered: a client that opens
+    many connections and sends nothing costs at most `max_clients` threads, each freed
+    by the handler's timeout.
+    """
+
+    daemon_threads = True  # a browser holding a connection open must not block shutdown
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], max_clients: int) -> None:
+        self._slots = threading.BoundedSemaphore(max_clients)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 def url_of(host: str, port: int, path: str = "/") -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}{path}"
 
 
 @asynccontextmanager
-async def serve_dashboard(state: DashboardState, host: str, port: int) -> AsyncIterator[str]:
+async def serve_dashboard(
+    state: DashboardState, host: str, port: int, max_clients: int = MAX_CLIENTS
+) -> AsyncIterator[str]:
     """Serve the dashboard, its JSON and `/metrics` at `host:port` (0: any free port); yields the base URL.
 
     The server runs on a daemon thread owned by this context and is shut down on exit,
-    even when the context is cancelled. Raises `DashboardUnavailable` if it cannot bind.
+    even when the context is cancelled; it serves at most `max_clients` connections at
+    once (see `_BoundedServer`). Raises `DashboardUnavailable` if it cannot bind.
     """
     try:
-        server = ThreadingHTTPServer((host, port), _handler(state))
+        server = _BoundedServer((host, port), _handler(state), max_clients)
     except OSError as exc:
         raise DashboardUnavailable(f"cannot serve metrics and the dashboard on {host}:{port}: {exc.strerror or exc}") from None
-    server.daemon_threads = True  # a browser holding a connection open must not block shutdown
     thread = threading.Thread(target=server.serve_forever, name="murmur-dashboard", daemon=True)
     thread.start()
     try:
