@@ -23,6 +23,8 @@ MAX_TEXT = 512
 MAX_ADDRS = 16
 MAX_PEERS_PER_HELLO = 64
 MAX_WORK = 1e15
+MAX_PARTNERS = 8  # recent averaging partners a peer summary names
+MAX_RATE = 1e12  # samples/s: a bound for the type, far above any real peer
 MAX_PARAMS_SIZE = 1 << 40  # a bound for the type; each receiver caps by its own model
 MAX_CHUNK_BYTES = 1 << 20
 WIRE_DTYPE_NAMES = ("float32", "bfloat16", "float16", "int8")
@@ -87,6 +89,51 @@ class PeerRecord:
         _check_addrs("addrs", self.addrs)
 
 
+def _check_optional_number(name: str, value: Any, bound: float = MAX_RATE) -> None:
+    if value is None:
+        return
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not -bound <= value <= bound or not math.isfinite(value):
+        raise MalformedMessage(f"field {name!r} must be null or a finite number in [-{bound:g}, {bound:g}], got {value!r}")
+
+
+@dataclass(frozen=True)
+class PeerSummary:
+    """What a peer says about itself for dashboards: peer-supplied text, shown as text only.
+
+    Every field is bounded (short strings, finite numbers, at most `MAX_PARTNERS`
+    partner IDs), so a summary adds at most ~1.5 KiB to a `Hello`.
+    """
+
+    task: str
+    samples_per_s: float
+    metric: str  # the name of the latest held-out metric ("" before the first evaluation)
+    metric_value: float | None
+    loss: float | None
+    work: float
+    phase: str
+    idle: float  # fraction of wall time not spent computing, 0..1
+    partners: list[str]  # recent averaging partners, newest last
+
+    def __post_init__(self) -> None:
+        _check_text("task", self.task, 64)
+        _check_optional_number("samples_per_s", self.samples_per_s)
+        if self.samples_per_s is None or self.samples_per_s < 0:
+            raise MalformedMessage(f"field 'samples_per_s' must be a number >= 0, got {self.samples_per_s!r}")
+        _check_text("metric", self.metric, 32)
+        _check_optional_number("metric_value", self.metric_value)
+        _check_optional_number("loss", self.loss)
+        _check_work("work", self.work)
+        _check_text("phase", self.phase, 16)
+        _check_optional_number("idle", self.idle, 1.0)
+        if self.idle is None or self.idle < 0:
+            raise MalformedMessage(f"field 'idle' must be a number in [0, 1], got {self.idle!r}")
+        if not isinstance(self.partners, list) or len(self.partners) > MAX_PARTNERS:
+            raise MalformedMessage(f"field 'partners' must be a list of at most {MAX_PARTNERS} peer IDs")
+        for partner in self.partners:
+            _check_text("partners", partner, 128)
+
+
 @dataclass(frozen=True)
 class Hello(Message):
     """Peer exchange: who I am, which task I train, which peers I know."""
@@ -97,6 +144,7 @@ class Hello(Message):
     addrs: list[str]
     peers: list[PeerRecord]
     leaving: bool = False
+    summary: PeerSummary | None = None  # for dashboards; None from a peer that shares none
 
     def __post_init__(self) -> None:
         _check_text("run_id", self.run_id, 128)
@@ -111,6 +159,13 @@ class Hello(Message):
         object.__setattr__(self, "peers", records)
         if not isinstance(self.leaving, bool):
             raise MalformedMessage("field 'leaving' must be a boolean")
+        if isinstance(self.summary, dict):
+            try:
+                object.__setattr__(self, "summary", PeerSummary(**self.summary))
+            except TypeError as exc:  # missing or unknown keys
+                raise MalformedMessage(f"field 'summary': {exc}") from None
+        elif self.summary is not None and not isinstance(self.summary, PeerSummary):
+            raise MalformedMessage("field 'summary' must be null or a summary object")
 
 
 @dataclass(frozen=True)

@@ -13,3 +13,5 @@ if ! .venv/bin/python -c "import node, torch, libp2p, pytest, hypothesis, promet
     .venv/bin/pip install --quiet torch==2.13.0
     .venv/bin/pip install --quiet -e '.[test]'
 fi
+# The dashboard's browser test needs a headless Chromium (Debian's package); as root, install it where missing.
+command -v chromium >/dev/null || { [ "$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq chromium; } || true

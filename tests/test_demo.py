@@ -54,3 +54,33 @@ def test_ctrl_c_stops_the_demo_and_every_peer_it_started(tmp_path: Path) -> None
     assert leftover == []
     for log in out.glob("peer-*/log.txt"):
         assert "Traceback" not in log.read_text()
+
+
+def test_the_live_table_fits_80_columns_without_wrapping_a_label(tmp_path: Path) -> None:
+    import io
+    import json
+
+    from rich.console import Console
+
+    from node.lab.demo import peer_table
+    from node.lab.swarm import Peer
+
+    class Exited:
+        def poll(self) -> int:
+            return 0
+
+    # The widest values a demo shows: five-digit rates and counts, a dozen peers, exited ones.
+    (tmp_path / "status.json").write_text(json.dumps({
+        "samples_per_s": 12345.6, "loss": 12.3456, "eval": {"accuracy": 0.9876}, "exchanges": {"merged": 12345},
+        "known_peers": 12, "compute_fraction": 0.123,
+    }))  # fmt: skip
+    peers = [Peer(i, 4.0, tmp_path, Exited()) for i in range(12)]  # type: ignore[arg-type]
+    out = io.StringIO()
+    Console(file=out, width=80).print(peer_table(peers, "accuracy"))
+    lines = out.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    header = next(line for line in lines if "samples/s" in line)
+    for label in ("peer", "slow", "samples/s", "loss", "accuracy", "merges", "peers", "idle"):
+        assert f" {label} " in header, label
+    assert "…" not in out.getvalue()
+    assert any("11 done" in line and "12346" in line and "87.7%" in line for line in lines)

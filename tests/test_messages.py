@@ -14,6 +14,7 @@ from protocol.messages import (
     FRAME_HEADER,
     MAX_ADDRS,
     MAX_PARAMS_SIZE,
+    MAX_PARTNERS,
     MAX_PEERS_PER_HELLO,
     MAX_TEXT,
     MAX_WORK,
@@ -29,6 +30,7 @@ from protocol.messages import (
     Offer,
     Params,
     PeerRecord,
+    PeerSummary,
     Refuse,
     StateReply,
     StateRequest,
@@ -73,7 +75,7 @@ def _body(**fields: object) -> bytes:
 
 
 def _hello_fields(**overrides: object) -> dict[str, object]:
-    fields: dict[str, object] = {"run_id": "r", "fingerprint": "f", "addrs": [], "peers": [], "leaving": False}
+    fields: dict[str, object] = {"run_id": "r", "fingerprint": "f", "addrs": [], "peers": [], "leaving": False, "summary": None}
     fields.update(overrides)
     return fields
 
@@ -314,3 +316,66 @@ def test_integer_with_too_many_digits_is_rejected_as_malformed() -> None:
 def test_deeply_nested_json_is_rejected_as_malformed() -> None:
     with pytest.raises(MalformedMessage):
         decode_body(Refuse.TYPE, b"[" * 50_000)
+
+
+SUMMARY = PeerSummary("digits", 812.5, "accuracy", 0.93, 0.21, 1.5e4, "training", 0.12, ["12D3KooWa", "12D3KooWb"])
+
+
+def _summary_fields(**overrides: object) -> dict[str, object]:
+    fields = dict(SUMMARY.__dict__)
+    fields.update(overrides)
+    return fields
+
+
+def test_hello_carries_a_peer_summary_through_a_frame() -> None:
+    hello = Hello("r", "f", [], [], summary=SUMMARY)
+    frame = encode_frame(hello)
+    (length, type_code) = FRAME_HEADER.unpack(frame[: FRAME_HEADER.size])
+    decoded = decode_body(type_code, frame[FRAME_HEADER.size :])
+    assert decoded == hello and isinstance(decoded.summary, PeerSummary)
+
+
+def test_markup_in_a_summary_is_plain_text_to_the_protocol() -> None:
+    """The protocol bounds text, it does not interpret it: showing it as text is the dashboard's job."""
+    hello = Hello("r", "f", [], [], summary=PeerSummary(**_summary_fields(task="<script>alert(1)</script>")))
+    assert decode_body(Hello.TYPE, hello.body()).summary.task == "<script>alert(1)</script>"
+
+
+def test_a_full_summary_stays_small() -> None:
+    biggest = PeerSummary(**_summary_fields(task="t" * 64, metric="m" * 32, phase="p" * 16,
+                                            partners=["x" * 128] * MAX_PARTNERS))  # fmt: skip
+    assert len(json.dumps(biggest.__dict__)) < 1600
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"task": "t" * 65}, "task"),
+        ({"task": 3}, "task"),
+        ({"samples_per_s": -1.0}, "samples_per_s"),
+        ({"samples_per_s": math.inf}, "samples_per_s"),
+        ({"samples_per_s": None}, "samples_per_s"),
+        ({"samples_per_s": True}, "samples_per_s"),
+        ({"metric": "m" * 33}, "metric"),
+        ({"metric_value": math.nan}, "metric_value"),
+        ({"metric_value": "0.9"}, "metric_value"),
+        ({"loss": 1e300}, "loss"),
+        ({"work": -1}, "work"),
+        ({"phase": "p" * 17}, "phase"),
+        ({"idle": 1.5}, "idle"),
+        ({"idle": -0.1}, "idle"),
+        ({"partners": ["p"] * (MAX_PARTNERS + 1)}, "partners"),
+        ({"partners": [7]}, "partners"),
+        ({"partners": "p"}, "partners"),
+    ],
+)
+def test_bad_summary_field_is_rejected_by_name(overrides: dict[str, object], field: str) -> None:
+    body = _body(**_hello_fields(summary=_summary_fields(**overrides)))
+    with pytest.raises(MalformedMessage, match=f"field '{field}'"):
+        decode_body(Hello.TYPE, body)
+
+
+@pytest.mark.parametrize("summary", [[], "x", 3, {"task": "t"}, {**SUMMARY.__dict__, "extra": 1}])
+def test_summary_of_the_wrong_shape_is_rejected(summary: object) -> None:
+    with pytest.raises(MalformedMessage, match="summary"):
+        decode_body(Hello.TYPE, _body(**_hello_fields(summary=summary)))

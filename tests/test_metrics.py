@@ -1,6 +1,6 @@
 """Prometheus metrics: the update rules, and two real libp2p nodes on loopback scraped over HTTP."""
 
-import socket
+import json
 import urllib.request
 from pathlib import Path
 
@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from node.averaging.averager import AVERAGE_PROTOCOL, Outcome
 from node.net.identity import load_or_create_identity
 from node.net.membership import PEERS_PROTOCOL
-from node.ops.metrics import MetricsUnavailable, NodeMetrics, Traffic, serve_metrics
+from node.ops.metrics import NodeMetrics, Traffic
 from node.ops.node import Node, NodeConfig, build_node
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
@@ -30,6 +30,16 @@ def _samples(text: str) -> dict[tuple[str, tuple], float]:
 def _scrape(url: str) -> dict[tuple[str, tuple], float]:
     with urllib.request.urlopen(url, timeout=5) as response:
         return _samples(response.read().decode())
+
+
+def _json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def _shows_trained_peer(swarm: dict) -> bool:
+    """Whether the swarm view lists a second peer whose summary says it has trained."""
+    return len(swarm.get("peers", [])) == 2 and swarm["peers"][1]["samples_per_s"] > 0
 
 
 def _status(samples: float, exchanges: dict[str, int], distance: float | None = None) -> dict:
@@ -63,17 +73,6 @@ def test_counters_follow_the_node_totals_and_durations_are_observed_once() -> No
 
 
 @pytest.mark.anyio
-async def test_a_taken_port_is_reported_in_one_line() -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        with pytest.raises(MetricsUnavailable, match=f"cannot serve metrics on 127.0.0.1:{port}"):
-            async with serve_metrics(NodeMetrics("p", "t").registry, "127.0.0.1", port):
-                pass
-
-
-@pytest.mark.anyio
 async def test_two_libp2p_nodes_serve_metrics_that_move_and_stop_with_the_node(tmp_path: Path) -> None:
     def make(name: str, bootstrap: list[str]) -> Node:
         config = NodeConfig(data_dir=tmp_path / name, listen=[LOOPBACK], bootstrap=bootstrap, average_every=0.1,
@@ -96,6 +95,10 @@ async def test_two_libp2p_nodes_serve_metrics_that_move_and_stop_with_the_node(t
             while (after := await anyio.to_thread.run_sync(_scrape, first.metrics_url)).get(merged, 0) < 2:
                 await anyio.sleep(0.1)
             other = await anyio.to_thread.run_sync(_scrape, second.metrics_url)
+            # The same port serves the dashboard's JSON: the swarm, with the other node's gossiped summary.
+            while not _shows_trained_peer(swarm := await anyio.to_thread.run_sync(_json, first.dashboard_url + "api/swarm")):
+                await anyio.sleep(0.1)
+            status = await anyio.to_thread.run_sync(_json, first.dashboard_url + "api/status")
             url = first.metrics_url
             first.request_stop()
             second.request_stop()
@@ -115,6 +118,10 @@ async def test_two_libp2p_nodes_serve_metrics_that_move_and_stop_with_the_node(t
     for direction in ("received", "sent"):
         assert after[(f"murmur_{direction}_bytes_total", (("protocol", AVERAGE_PROTOCOL),))] > 0
         assert after[(f"murmur_{direction}_bytes_total", (("protocol", PEERS_PROTOCOL),))] > 0
+    assert first.metrics_url == first.dashboard_url + "metrics"
+    assert status["peer_id"] == first.peer_id and status["dashboard_url"] == first.dashboard_url
+    assert [(p["peer_id"], p["self"]) for p in swarm["peers"]] == [(first.peer_id, True), (second.peer_id, False)]
+    assert swarm["peers"][1]["task"] == "digits" and swarm["peers"][1]["phase"] == "training"
     with pytest.raises(OSError):  # the endpoint stopped with the node
         await anyio.to_thread.run_sync(_scrape, url)
 

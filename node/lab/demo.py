@@ -32,18 +32,30 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def peer_table(peers: list[Peer], metric: str) -> Table:
-    table = Table(title="Murmur swarm")
-    for col in ("peer", "slowdown", "samples/s", "loss", metric, "exchanges", "known peers", "not computing"):
-        table.add_column(col, justify="right")
+    """The live per-peer table; short headers so that it fits a terminal 80 columns wide."""
+    table = Table(title="Murmur swarm", caption="slow: emulated slowdown · merges: exchanges merged · idle: not computing")
+    for col in ("peer", "slow", "samples/s", "loss", metric[:10], "merges", "peers", "idle"):
+        table.add_column(col, justify="right", no_wrap=True)
     for peer in peers:
         s = peer.status() or {}
         alive = peer.process.poll() is None
         table.add_row(
-            f"{peer.index}{'' if alive else ' (exited)'}", f"{peer.slowdown:g}x", _fmt(s.get("samples_per_s"), ".0f"),
+            f"{peer.index}{'' if alive else ' done'}", f"{peer.slowdown:g}x", _fmt(s.get("samples_per_s"), ".0f"),
             _fmt(s.get("loss"), ".3f"), _fmt(s.get("eval", {}).get(metric), ".3f"), str(s.get("exchanges", {}).get("merged", 0)),
             str(s.get("known_peers", 0)), _fmt(1 - s["compute_fraction"] if "compute_fraction" in s else None, ".1%"),
         )
     return table
+
+
+def wait_for_dashboard(peer: Peer, timeout: float = 10.0) -> str | None:
+    """The dashboard URL `peer` reports in its status once it serves one, or None after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and peer.process.poll() is None:
+        url = (peer.status() or {}).get("dashboard_url")
+        if url:
+            return url
+        time.sleep(0.2)
+    return None
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -76,7 +88,8 @@ def run_demo(args: argparse.Namespace) -> int:
     # All peers join first, then start training together, so the plot compares like with like.
     start_at = time.time() + STARTUP_S
     extra = ["--task", args.task, "--weighting", args.weighting, "--step-time", str(args.step_time),
-             "--duration", str(args.duration), "--start-at", str(start_at), "--log-level", "WARNING"]
+             "--duration", str(args.duration), "--start-at", str(start_at), "--log-level", "WARNING",
+             "--metrics-port", "0"]  # each peer serves its dashboard on a free loopback port
     console.print(f"murmur demo: {args.peers} peers, slowdowns {slowdowns}, {args.duration:g}s of training, task {args.task}")
     interrupted = False
     try:
@@ -85,6 +98,9 @@ def run_demo(args: argparse.Namespace) -> int:
         console.print("interrupted")
         return 130
     try:
+        url = wait_for_dashboard(peers[0])
+        # Any peer's dashboard shows the whole swarm: peer 0's is as good as any.
+        console.print(f"murmur demo: swarm dashboard at {url}" if url else "murmur demo: no dashboard (peer 0 serves none)")
         deadline = time.monotonic() + args.duration + 90  # start-up, bounded
         with Live(peer_table(peers, metric), console=console, refresh_per_second=2) as live:
             while any(p.process.poll() is None for p in peers) and time.monotonic() < deadline:

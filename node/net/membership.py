@@ -22,7 +22,7 @@ from node.net.security import BanList
 from node.net.transport import ByteStream, Transport, TransportError
 from protocol.errors import OFFENCES, ProtocolError
 from protocol.exchange import PEER_EXCHANGE, Exchange, Role
-from protocol.messages import Hello, Refuse
+from protocol.messages import Hello, PeerSummary, Refuse
 
 PEERS_PROTOCOL = "/murmur/peers/1.0.0"
 log = logging.getLogger("murmur.membership")
@@ -68,7 +68,9 @@ class Membership:
         hello_timeout: float = 3.0,
         clock: Callable[[], float] = time.monotonic,
         bans: BanList | None = None,
+        summary: Callable[[], PeerSummary | None] = lambda: None,
     ) -> None:
+        """`summary` says what this node shares about itself in each hello (for dashboards)."""
         self.transport = transport
         self.table = table
         self.identity = identity
@@ -77,9 +79,26 @@ class Membership:
         self.clock = clock
         self.leaving = False
         self.bans = bans or BanList()
+        self.summary = summary
+        self._summaries: dict[str, tuple[PeerSummary, float]] = {}
+
+    def summaries(self) -> dict[str, tuple[PeerSummary, float]]:
+        """The latest summary of each live member and when it arrived (this node's clock).
+
+        Only members are kept: a peer that leaves or times out drops out here too, so the
+        map is bounded by the peer table.
+        """
+        self._prune_summaries()
+        return dict(self._summaries)
+
+    def _prune_summaries(self) -> None:
+        members = self.table.members
+        for peer_id in [p for p in self._summaries if p not in members]:
+            del self._summaries[peer_id]
 
     def _hello(self) -> Hello:
-        return Hello(self.identity.run_id, self.identity.fingerprint, self.transport.addresses(), self.table.records(self.rng), self.leaving)
+        return Hello(self.identity.run_id, self.identity.fingerprint, self.transport.addresses(), self.table.records(self.rng), self.leaving,
+                     None if self.leaving else self.summary())
 
     def _admit(self, peer_id: str, hello: Hello) -> str | None:
         """Apply a peer's hello to the table; return why it was refused, if it was."""
@@ -92,6 +111,10 @@ class Membership:
             return None
         if self.table.observe(peer_id, hello.addrs, self.clock()):
             log.info("new peer %s (%d known)", peer_id[-8:], len(self.table.members))
+        if hello.summary is not None and peer_id in self.table.members:
+            self._summaries[peer_id] = (hello.summary, self.clock())
+            if len(self._summaries) > 2 * len(self.table.members):  # members churned away: bound the map
+                self._prune_summaries()
         self.table.rumour(hello.peers)
         return None
 

@@ -225,9 +225,9 @@ class NodeConfig:
     device: str = option("auto", "auto, cpu, cuda, cuda:N or mps; auto = cuda if available, else mps, else cpu (default auto)",
                          parse=_device_syntax, metavar="DEVICE")  # node.learn.device.resolve_device
     mixed_precision: bool = option(False, "bf16 autocast for forward pass and loss (CUDA only)")
-    metrics_port: int | None = option(None, "serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port; default off)",
+    metrics_port: int | None = option(None, "serve Prometheus metrics at http://HOST:PORT/metrics and a dashboard at http://HOST:PORT/ (0: any free port; default off)",
                                       parse=_port, metavar="PORT")
-    metrics_host: str = option("127.0.0.1", "address the metrics endpoint binds to (default 127.0.0.1; 0.0.0.0 for all)",
+    metrics_host: str = option("127.0.0.1", "address the metrics and dashboard endpoint binds to (default 127.0.0.1; 0.0.0.0 for all, with a warning)",
                                metavar="HOST")
     threads: int | None = option(None, "torch threads for training (default: torch's own, usually one per core)",
                                  parse=_positive_int, metavar="N")

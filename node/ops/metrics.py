@@ -3,19 +3,17 @@
 `CountingTransport` counts the bytes of every Murmur stream by protocol. `NodeMetrics`
 holds one `CollectorRegistry` per node (never the process-global one, so several nodes
 in one process do not collide) and is updated from the node's own status, on the
-node's event loop; `serve_metrics` serves it on a thread owned by an async context.
+node's event loop; `node.ops.dashboard.serve_dashboard` serves it at `/metrics`, beside the dashboard.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import anyio
-from prometheus_client import CollectorRegistry, Gauge, Histogram, Info, start_http_server
+from prometheus_client import CollectorRegistry, Gauge, Histogram, Info
 from prometheus_client import Counter as PromCounter
 
 from node.net.transport import READ_CHUNK, ByteStream, ForwardingStream, StreamHandler
@@ -159,26 +157,3 @@ class NodeMetrics:
             self.connections.labels(kind).set(kinds.count(kind))
         self._advance(self.relayed, ("relayed",), status.get("relayed_bytes", 0))
 
-
-def _url(host: str, port: int) -> str:
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
-
-
-@asynccontextmanager
-async def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> AsyncIterator[str]:
-    """Serve `registry` over HTTP at `host:port` (0: any free port) until the context exits; yields the URL.
-
-    The server runs on a thread of its own (prometheus-client's) and is shut down on
-    exit, even when the context is cancelled. Raises `MetricsUnavailable` if it cannot bind.
-    """
-    try:
-        server, thread = start_http_server(port, host, registry)
-    except OSError as exc:
-        raise MetricsUnavailable(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
-    try:
-        yield _url(host, server.server_port)
-    finally:
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(server.shutdown)  # waits up to its 0.5 s poll: off the event loop
-        server.server_close()
-        thread.join(timeout=5)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import time
@@ -35,8 +36,17 @@ from node.net.peers import PeerTable
 from node.net.security import BanList, GuardedTransport, load_allow_list, load_secret
 from node.net.transport import Transport
 from node.ops.config import AUTO_RELAY, NodeConfig
-from node.ops.metrics import CountingTransport, NodeMetrics, Traffic, serve_metrics
+from node.ops.dashboard import (
+    DashboardState,
+    SwarmHistory,
+    nonlocal_bind_warning,
+    recent_partners,
+    serve_dashboard,
+    swarm_view,
+)
+from node.ops.metrics import CountingTransport, NodeMetrics, Traffic
 from node.ops.status import STATUS_FILE
+from protocol.messages import PeerSummary
 
 log = logging.getLogger("murmur.node")
 STATUS_INTERVAL = 1.0  # seconds between status.json writes (and metrics updates)
@@ -85,7 +95,9 @@ class Node:
             exchange_timeout=config.exchange_timeout, wire_dtype=config.wire_dtype,
         )
         self.identity = self.averager.identity
-        self.membership = Membership(transport, self.table, self.identity, rng=self.rng, bans=self.bans)
+        self.membership = Membership(
+            transport, self.table, self.identity, rng=self.rng, bans=self.bans, summary=self.summary
+        )
         self.stats = TrainStats()
         self.param_history: list[tuple[float, torch.Tensor]] = []
         self._serve_scope = anyio.CancelScope()
@@ -93,6 +105,9 @@ class Node:
         self.last_eval: dict[str, float] = {}
         self.metrics = NodeMetrics(self.peer_id, task.name)
         self.metrics_url: str | None = None
+        self.dashboard_url: str | None = None
+        self.dashboard = DashboardState(self.metrics.registry)
+        self.history = SwarmHistory()
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.resumed_from = self._restore()
         self._metrics_path = config.data_dir / METRICS_FILE
@@ -207,17 +222,29 @@ class Node:
         while True:
             status = self.write_status()
             self.metrics.update(status, list(self.averager.recent), self.traffic)
+            if self.dashboard_url is not None:
+                swarm = swarm_view(
+                    status, self.membership.summaries(), self.history, self.membership.clock(),
+                    [asdict(o) for o in self.averager.recent],
+                    {"in": self.traffic.received, "out": self.traffic.sent}, self.table.members,
+                )  # fmt: skip
+                self.dashboard.publish(status, swarm)
             await anyio.sleep(STATUS_INTERVAL)
 
     @asynccontextmanager
     async def _metrics_endpoint(self) -> AsyncIterator[None]:
-        """Serve this node's Prometheus metrics for the context, if `metrics_port` is set."""
+        """Serve this node's dashboard and Prometheus metrics for the context, if `metrics_port` is set."""
         if self.config.metrics_port is None:
             yield
             return
-        async with serve_metrics(self.metrics.registry, self.config.metrics_host, self.config.metrics_port) as url:
-            self.metrics_url = url
-            print(f"murmur: metrics at {url}", flush=True)
+        warning = nonlocal_bind_warning(self.config.metrics_host)
+        if warning:
+            print(warning, flush=True)
+        async with serve_dashboard(self.dashboard, self.config.metrics_host, self.config.metrics_port) as url:
+            self.metrics_url = url + "metrics"
+            self.dashboard_url = url
+            print(f"murmur: metrics at {self.metrics_url}", flush=True)
+            print(f"murmur: dashboard at {url}", flush=True)
             yield
 
     def status(self) -> dict:
@@ -252,7 +279,21 @@ class Node:
             "partner_distance": self.averager.last_partner_distance,
             "metrics_url": self.metrics_url,
             **self._network_info(),  # "reachability", "connections" (peer -> "direct" | "relayed"), ...
+            "dashboard_url": self.dashboard_url,
         }
+
+    def summary(self) -> PeerSummary:
+        """What this node tells its peers about itself in each hello (shown on their dashboards)."""
+        now = time.monotonic()
+        elapsed = self.stats.elapsed(now)
+        metric, value = next(iter(self.last_eval.items()), ("", None))
+        loss = self.trainer.last_loss
+        return PeerSummary(
+            task=self.trainer.task.name[:64], samples_per_s=self.trainer.samples / elapsed if elapsed else 0.0,
+            metric=metric[:32], metric_value=_finite_or_none(value), loss=_finite_or_none(loss),
+            work=min(float(self.trainer.weight), 1e15), phase=self.phase[:16],
+            idle=min(1.0, max(0.0, 1.0 - self.stats.compute_fraction(now))), partners=recent_partners(asdict(o) for o in self.averager.recent),
+        )  # fmt: skip
 
     def write_status(self) -> dict:
         """Write `status()` to the data dir's status.json (atomically) and return it."""
@@ -271,6 +312,10 @@ async def wait_for_start_time(path: Path) -> float:
             return float(path.read_text())
         except (OSError, ValueError):
             await anyio.sleep(START_FILE_POLL_S)
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) and abs(value) <= 1e12 else None
 
 
 def _write_atomic(path: Path, text: str) -> None:

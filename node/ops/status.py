@@ -136,6 +136,8 @@ def render(status: dict[str, Any], now: float, console: Console) -> None:
     summary.add_row("traffic", f"in {_bytes(status.get('bytes_in'))} · out {_bytes(status.get('bytes_out'))}")
     if status.get("metrics_url"):
         summary.add_row("metrics", status["metrics_url"])
+    if status.get("dashboard_url"):
+        summary.add_row("dashboard", status["dashboard_url"])
     console.print(summary)
     recent = status.get("recent_exchanges") or []
     if recent:

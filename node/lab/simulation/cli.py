@@ -26,6 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Self
 
+from node.lab.progress import Progress
 from node.lab.simulation import TOPOLOGIES, NetworkModel, SimConfig, simulate
 from node.lab.simulation.report import fmt, write_report
 
@@ -115,9 +116,16 @@ def main(argv: list[str] | None = None, *, root: Path) -> int:
     start = time.perf_counter()
     records: list[dict[str, Any]] = []
     spawn = multiprocessing.get_context("spawn")  # never fork a process that holds torch's thread pools
-    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=spawn) if args.jobs > 1 else _Inline() as pool:
-        for config, record in zip(configs, pool.map(_run, configs)):
+    with (
+        ProcessPoolExecutor(max_workers=args.jobs, mp_context=spawn) if args.jobs > 1 else _Inline() as pool,
+        Progress(total=len(configs), label="simulate") as progress,
+    ):
+        results = iter(pool.map(_run, configs))  # inline: each run happens when its result is taken
+        for config in configs:
+            progress.start(f"{config.peers} peers, {config.topology}")
+            record = next(results)
             records.append(record)
+            progress.advance()
             print(
                 f"  {config.peers:5d} peers  {config.topology:9s}  target(median) {fmt(record['time_to_target'])} s"
                 f"  target(90%) {fmt(record['time_to_target_p10'])} s  final acc {record['accuracy_median'][-1]:.3f}"

@@ -1,0 +1,247 @@
+"""The dashboard: its server and JSON, its bounded history, and a hostile peer summary in a real browser."""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import urllib.error
+import urllib.request
+from importlib import resources
+from pathlib import Path
+
+import anyio
+import pytest
+from headless_chromium import chart_points, dump_dom, parse_dom, peer_rows
+from prometheus_client import CollectorRegistry, Counter
+
+from node.net.membership import PEERS_PROTOCOL, Membership, TaskIdentity
+from node.net.peers import PeerTable
+from node.net.transport import MemoryNetwork
+from node.ops.dashboard import (
+    STATIC_FILES,
+    DashboardState,
+    DashboardUnavailable,
+    SwarmHistory,
+    is_local,
+    nonlocal_bind_warning,
+    recent_partners,
+    serve_dashboard,
+    swarm_view,
+)
+from node.ops.metrics import MetricsUnavailable
+from protocol.messages import PeerSummary
+
+pytestmark = pytest.mark.anyio
+HOSTILE = '<script>document.title="pwned"</script><img src=x onerror="document.title=\'pwned\'">'
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "trio"
+
+
+def _status(peer_id: str = "12D3KooWself", t: float = 100.0, **overrides: object) -> dict:
+    status = {"peer_id": peer_id, "task": "digits", "t": t, "phase": "training", "samples": 640,
+              "samples_per_s": 320.0, "weight": 640.0, "loss": 0.5, "eval": {"accuracy": 0.8},
+              "compute_fraction": 0.75, "bytes_in": 1000, "bytes_out": 2000}  # fmt: skip
+    status.update(overrides)
+    return status
+
+
+def _summary(**overrides: object) -> PeerSummary:
+    fields = dict(task="digits", samples_per_s=100.0, metric="accuracy", metric_value=0.7, loss=0.9, work=10.0,
+                  phase="training", idle=0.5, partners=[])  # fmt: skip
+    fields.update(overrides)
+    return PeerSummary(**fields)  # type: ignore[arg-type]
+
+
+def _get(url: str) -> tuple[int, dict[str, str], bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def test_history_is_bounded_per_peer_and_in_peers() -> None:
+    history = SwarmHistory(max_points=3, max_peers=2)
+    for i in range(5):
+        history.record("a", {"t": i})
+    history.record("b", {"t": 0})
+    history.record("a", {"t": 5})  # a is now the most recently seen
+    history.record("c", {"t": 0})  # evicts b, the longest unseen
+    series = history.series()
+    assert sorted(series) == ["a", "c"]
+    assert [p["t"] for p in series["a"]] == [3, 4, 5]
+
+
+def test_history_skips_a_repeated_summary_and_forgets_departed_peers() -> None:
+    history = SwarmHistory()
+    history.record("a", {"t": 1}, stamp=7.0)
+    history.record("a", {"t": 2}, stamp=7.0)  # the same summary again: not a new point
+    history.record("a", {"t": 3}, stamp=8.0)
+    history.record("b", {"t": 3})
+    history.keep_only(["b"])
+    assert history.series() == {"b": [{"t": 3}]}
+
+
+def test_swarm_view_lists_self_and_members_with_edges_and_history() -> None:
+    history = SwarmHistory()
+    recent = [{"result": "merged", "partner": "peerA", "reason": "", "duration_s": 0.01},
+              {"result": "busy", "partner": "peerB", "reason": "in an exchange", "duration_s": 0.001}]  # fmt: skip
+    summaries = {"peerA": (_summary(partners=["12D3KooWself", "peerB"]), 9.5), "peerB": (_summary(loss=None), 9.9)}
+    view = swarm_view(_status(), summaries, history, 10.0, recent, {"in": {"/p": 5}, "out": {"/p": 7}})
+    assert [p["peer_id"] for p in view["peers"]] == ["12D3KooWself", "peerA", "peerB"]
+    me = view["peers"][0]
+    assert (me["self"], me["metric"], me["metric_value"], me["idle"], me["partners"]) == (True, "accuracy", 0.8, 0.25, ["peerA"])
+    assert view["peers"][1]["age_s"] == pytest.approx(0.5)
+    assert view["edges"] == [["12D3KooWself", "peerA"], ["peerA", "peerB"]]
+    assert set(view["history"]) == {"12D3KooWself", "peerA", "peerB"}
+    assert view["history"]["12D3KooWself"][0]["bytes_out"] == 2000
+    assert view["exchanges"][1]["reason"] == "in an exchange"
+    assert view["traffic"] == {"in": {"/p": 5}, "out": {"/p": 7}}
+    json.dumps(view, allow_nan=False)  # strict JSON: a browser's JSON.parse takes it
+
+
+def test_a_member_without_a_summary_is_listed_with_empty_fields() -> None:
+    history = SwarmHistory()
+    view = swarm_view(_status(), {"peerA": (_summary(), 1.0)}, history, 1.0, [], {},
+                      members=["peerA", "silent", "12D3KooWself"])  # fmt: skip
+    assert [p["peer_id"] for p in view["peers"]] == ["12D3KooWself", "peerA", "silent"]
+    silent = view["peers"][2]
+    assert (silent["task"], silent["loss"], silent["age_s"], silent["partners"]) == ("", None, None, [])
+    assert "silent" not in view["history"]
+
+
+def test_history_values_are_rounded_to_five_digits() -> None:
+    view = swarm_view(_status(loss=0.123456789, t=1765000000.123456), {}, SwarmHistory(), 0.0, [], {})
+    (point,) = view["history"]["12D3KooWself"]
+    assert (point["loss"], point["t"]) == (0.12346, 1765000000.12)
+
+
+def test_swarm_view_before_training_has_no_nan() -> None:
+    view = swarm_view(_status(loss=float("nan"), eval={}), {}, SwarmHistory(), 0.0, [], {})
+    assert view["peers"][0]["loss"] is None and view["metric"] == ""
+    json.dumps(view, allow_nan=False)
+
+
+def test_recent_partners_are_distinct_merged_newest_last_and_capped() -> None:
+    recent = [{"result": "merged", "partner": p} for p in "abcab"] + [{"result": "failed", "partner": "z"}]
+    assert recent_partners(recent) == ["c", "a", "b"]
+    assert recent_partners([{"result": "merged", "partner": str(i)} for i in range(20)], limit=8) == [
+        str(i) for i in range(12, 20)
+    ]
+
+
+@pytest.mark.parametrize(("host", "local"), [("127.0.0.1", True), ("::1", True), ("localhost", True),
+                                             ("0.0.0.0", False), ("192.168.1.5", False), ("::", False)])  # fmt: skip
+def test_only_a_loopback_bind_goes_without_a_warning(host: str, local: bool) -> None:
+    assert is_local(host) is local
+    warning = nonlocal_bind_warning(host)
+    assert (warning is None) is local
+    if warning:
+        assert host in warning and "other machines" in warning
+
+
+def test_the_page_ships_as_package_data_and_fetches_nothing_from_elsewhere() -> None:
+    web = resources.files("node.ops").joinpath("web")
+    for name, _ in STATIC_FILES.values():
+        text = web.joinpath(name).read_text()
+        assert "http://" not in text.replace("http://www.w3.org/2000/svg", "") and "https://" not in text
+    js = web.joinpath("dashboard.js").read_text()
+    assert "innerHTML" not in js and "insertAdjacentHTML" not in js and "document.write" not in js
+
+
+async def test_server_serves_page_json_metrics_and_nothing_else() -> None:
+    registry = CollectorRegistry()
+    Counter("murmur_test", "a test counter", registry=registry).inc(3)
+    state = DashboardState(registry)
+    async with serve_dashboard(state, "127.0.0.1", 0) as url:
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/")
+        code, _, body = await anyio.to_thread.run_sync(_get, url + "api/swarm")
+        assert (code, body) == (200, b"{}")  # before the node's first report
+        state.publish(_status(), swarm_view(_status(), {}, SwarmHistory(), 0.0, [], {}))
+        code, headers, body = await anyio.to_thread.run_sync(_get, url + "api/swarm")
+        assert code == 200 and headers["Content-Type"] == "application/json"
+        assert json.loads(body)["peers"][0]["peer_id"] == "12D3KooWself"
+        code, _, body = await anyio.to_thread.run_sync(_get, url + "api/status")
+        assert json.loads(body)["samples"] == 640
+        code, headers, body = await anyio.to_thread.run_sync(_get, url)
+        assert code == 200 and b"/dashboard.js" in body and "script-src 'self'" in headers["Content-Security-Policy"]
+        code, _, body = await anyio.to_thread.run_sync(_get, url + "metrics")
+        assert code == 200 and b"murmur_test_total 3.0" in body
+        for path in ("nope", "../pyproject.toml", "api/", "web/index.html"):
+            code, _, _ = await anyio.to_thread.run_sync(_get, url + path)
+            assert code == 404, path
+        request = urllib.request.Request(url + "api/swarm", data=b"{}", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as info:
+            await anyio.to_thread.run_sync(lambda: urllib.request.urlopen(request, timeout=5))
+        assert info.value.code == 501  # read-only: no method but GET and HEAD
+
+
+async def test_silent_connections_beyond_the_limit_are_closed_and_the_server_recovers() -> None:
+    state = DashboardState()
+    async with serve_dashboard(state, "127.0.0.1", 0, max_clients=2) as url:
+        port = int(url.rsplit(":", 1)[1].strip("/"))
+        silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]  # they send nothing
+        try:
+            with anyio.fail_after(10):
+                while True:  # until the server has taken both: then a third connection is closed unanswered
+                    try:
+                        await anyio.to_thread.run_sync(_get, url + "api/swarm")
+                    except OSError:  # closed unanswered (reset, or no status line)
+                        break
+                    await anyio.sleep(0.05)
+        finally:
+            for sock in silent:
+                sock.close()
+        with anyio.fail_after(10):
+            while True:  # the silent clients' threads end on their EOF: the slots come back
+                try:
+                    code, _, body = await anyio.to_thread.run_sync(_get, url + "api/swarm")
+                    break
+                except OSError:  # closed unanswered (reset, or no status line)
+                    await anyio.sleep(0.05)
+        assert (code, body) == (200, b"{}")
+
+
+async def test_a_taken_port_is_a_typed_error_naming_it() -> None:
+    async with serve_dashboard(DashboardState(), "127.0.0.1", 0) as url:
+        port = int(url.rsplit(":", 1)[1].strip("/"))
+        with pytest.raises(DashboardUnavailable, match=f"cannot serve metrics and the dashboard on 127.0.0.1:{port}") as info:
+            async with serve_dashboard(DashboardState(), "127.0.0.1", port):
+                pass
+        assert isinstance(info.value, MetricsUnavailable)  # `murmur run` reports it in one line
+
+
+async def test_a_peer_that_names_itself_script_executes_nothing_in_a_real_browser(tmp_path: Path) -> None:
+    """A hostile summary travels a real hello, is stored, served and rendered: it shows as text, runs nothing."""
+    net = MemoryNetwork()
+    hostile = _summary(task=HOSTILE[:64], phase="<b>x</b>", metric="<i>acc</i>", partners=[HOSTILE[:128]])
+    tables = [PeerTable(f"peer{i}", liveness_timeout=1e9) for i in range(2)]
+    ours, theirs = (
+        Membership(net.transport(f"peer{i}"), tables[i], TaskIdentity("digits", "fp"), rng=random.Random(i),
+                   summary=(lambda: None) if i == 0 else (lambda: hostile))
+        for i in range(2)
+    )  # fmt: skip
+    theirs.transport.set_handler(PEERS_PROTOCOL, theirs.serve)
+    async with ours.transport.run(), theirs.transport.run():
+        assert await ours.greet("peer1", theirs.transport.addresses()) == "ok"
+    summaries = ours.summaries()
+    assert summaries["peer1"][0].task == HOSTILE[:64]
+    state = DashboardState()
+    history = SwarmHistory()
+    for t in (1.0, 2.0):
+        summaries = {"peer1": (summaries["peer1"][0], t)}  # two summaries: a line, not a dot
+        state.publish(_status(t=t), swarm_view(_status(peer_id="peer0", t=t), summaries, history, t, [], {}))
+    async with serve_dashboard(state, "127.0.0.1", 0) as url:
+        html = await anyio.to_thread.run_sync(dump_dom, url)
+    root, by_id = parse_dom(html)
+    rows = peer_rows(by_id)
+    assert set(rows) == {"peer0", "peer1"}
+    assert HOSTILE[:64] in rows["peer1"] and "<b>x</b>" in rows["peer1"]  # shown as the text it is
+    assert root.find_all("title")[0].all_text() == "Murmur swarm"  # neither payload ran
+    assert not root.find_all("img") and not root.find_all("b") and not root.find_all("i")
+    assert len(root.find_all("script")) == 1  # the page's own
+    assert chart_points(by_id, "chart-loss")["peer1"] == 2
