@@ -22,13 +22,15 @@ import anyio
 import torch
 from libp2p.crypto.keys import KeyPair
 
+from node.averaging.averager import Outcome
 from node.averaging.factory import build_averager
 from node.learn.checkpoint import load_latest, save_checkpoint
 from node.learn.device import describe, resolve_device
-from node.learn.rules import make_rule
+from node.learn.rules import MergeRule, make_rule
 from node.learn.step import Pacing
 from node.learn.tasks import load_task
 from node.learn.trainer import Evaluation, Trainer, TrainStats, train
+from node.learn.user_loop import ModelMismatch, UserLoopTrainer
 from node.net.libp2p_transport import Libp2pTransport
 from node.net.membership import PEERS_PROTOCOL, Membership
 from node.net.peers import PeerTable
@@ -55,8 +57,14 @@ class Node:
     def __init__(
         self, config: NodeConfig, transport: Transport, bans: BanList | None = None,
         listen_addresses: Callable[[], list[str]] | None = None,
+        user_loop: Callable[[MergeRule], UserLoopTrainer] | None = None,
     ) -> None:
-        """`listen_addresses` gives the real listen addresses when they differ from `transport.addresses()`."""
+        """`listen_addresses` gives the real listen addresses when they differ from `transport.addresses()`.
+
+        `user_loop` (from `murmur.Peer`) builds the trainer of a model that the user's own loop steps:
+        the node then runs no training loop, and a checkpoint of another model raises `ModelMismatch`
+        instead of being skipped (and later overwritten).
+        """
         self.config = config
         self._listen_addresses = listen_addresses or transport.addresses
         self.traffic = Traffic()
@@ -65,13 +73,15 @@ class Node:
         self.peer_id = transport.peer_id
         if config.threads is not None:  # the operator's choice; benchmarks sharing a machine pass 1
             torch.set_num_threads(config.threads)
-        task = load_task(config.task)
         shard = config.shard if config.shard is not None else _shard_of(self.peer_id)
-        device = resolve_device(config.device)
-        self.trainer = Trainer(task, shard, device, config.mixed_precision, rule=make_rule(
-            config.weighting, config.merge, outer_lr=config.outer_lr, outer_momentum=config.outer_momentum,
-        ))
-        log.info("training on %s (%d threads)%s", describe(device), torch.get_num_threads(), " with bf16 autocast" if config.mixed_precision else "")
+        rule = make_rule(config.weighting, config.merge, outer_lr=config.outer_lr, outer_momentum=config.outer_momentum)
+        self.user_loop = user_loop is not None
+        if user_loop is None:
+            self.trainer = Trainer(load_task(config.task), shard, resolve_device(config.device), config.mixed_precision, rule=rule)
+        else:
+            self.trainer = user_loop(rule)
+        task = self.trainer.task
+        log.info("training on %s (%d threads)%s", describe(self.trainer.device), torch.get_num_threads(), " with bf16 autocast" if config.mixed_precision else "")
         self.rng = random.Random(shard)
         self.table = PeerTable(self.peer_id, config.liveness_timeout, view_size=config.view_size)
         self.bans = bans or BanList()
@@ -85,6 +95,8 @@ class Node:
         self.param_history: list[tuple[float, torch.Tensor]] = []
         self._serve_scope = anyio.CancelScope()
         self.phase = "joining"  # then "waiting" (ready, not yet told to start) and "training"
+        self.on_phase: Callable[[str], None] = lambda phase: None  # called on the event loop at each change
+        self.sync_outcome: Outcome | None = None  # state sync's, once tried
         self.last_eval: dict[str, float] = {}
         self.metrics = NodeMetrics(self.peer_id, task.name)
         self.metrics_url: str | None = None
@@ -143,7 +155,7 @@ class Node:
             log.info("joined through %d of %d bootstrap peers", joined, len(cfg.bootstrap))
             if cfg.sync_state:
                 ratio = cfg.catch_up_ratio if self.resumed_from else 0.0
-                outcome = await self.averager.sync_from_swarm(behind_ratio=ratio)
+                outcome = self.sync_outcome = await self.averager.sync_from_swarm(behind_ratio=ratio)
                 if outcome.result != "synced":
                     log.info("no state sync (%s): training from the %s model", outcome.reason, "resumed" if self.resumed_from else "initial")
         async with anyio.create_task_group() as tg:
@@ -158,11 +170,15 @@ class Node:
                 await anyio.sleep(max(0.0, start_at - time.time()))
             self._set_phase("training")
             with anyio.move_on_after(cfg.duration if cfg.duration is not None else float("inf")):
+                if self.user_loop:  # the user's thread steps the model and counts the work
+                    self.stats.started = time.monotonic()
+                    await anyio.sleep_forever()
                 await train(self.trainer, Pacing(cfg.slowdown, cfg.step_time_ms), self.stats, eval_every=cfg.eval_every, on_eval=self._on_eval)
             tg.cancel_scope.cancel()
 
     def _set_phase(self, phase: str) -> None:
         self.phase = phase
+        self.on_phase(phase)
         self.write_status()  # at once: a benchmark waits for every peer to be "waiting"
 
     def _on_eval(self, evaluation: Evaluation) -> None:
@@ -184,6 +200,8 @@ class Node:
         try:
             self.trainer.restore(state)
         except (ValueError, KeyError, RuntimeError) as exc:
+            if self.user_loop:  # the user's model: keep their checkpoint rather than overwrite it
+                raise ModelMismatch(f"the checkpoint {path} is not this model's: {exc}") from exc
             log.warning("not resuming from %s: %s", path, exc)
             return None
         log.info("resumed from %s (weight %.0f, %d samples)", path.name, self.trainer.weight, self.trainer.samples)
@@ -291,10 +309,10 @@ def build_transport(config: NodeConfig, key_pair: KeyPair, bans: BanList) -> Gua
     return guarded
 
 
-def build_node(config: NodeConfig, key_pair: KeyPair) -> Node:
-    """A libp2p node for `config`, with its ban list kept in the data dir."""
+def build_node(config: NodeConfig, key_pair: KeyPair, user_loop: Callable[[MergeRule], UserLoopTrainer] | None = None) -> Node:
+    """A libp2p node for `config`, with its ban list kept in the data dir (`user_loop`: see `Node`)."""
     config.data_dir.mkdir(parents=True, exist_ok=True)
     bans = BanList(config.data_dir / BANS_FILE)
     transport = build_transport(config, key_pair, bans)
     assert isinstance(transport.inner, Libp2pTransport)
-    return Node(config, transport, bans, listen_addresses=transport.inner.listen_addresses)
+    return Node(config, transport, bans, listen_addresses=transport.inner.listen_addresses, user_loop=user_loop)
