@@ -131,11 +131,22 @@ class Peer:
         if self._error is not None:
             self._thread.join()
             raise self._error
+        refusal = self._refusal()
+        if refusal is not None:
+            self.close()
+            raise ModelMismatch(f"the run's peers refused this model: {refusal}")
+        self._gate.open()  # from now on the model is touched only inside `step`
+
+    def _refusal(self) -> str | None:
+        """Why the run's peers would not train with this model, if every bootstrap peer (or state sync) refused it."""
+        results = self.node.membership.join_results.values()
+        mismatches = [r for r in results if r.startswith("refused: task mismatch")]
+        if mismatches and "ok" not in results:
+            return mismatches[0].removeprefix("refused: ")
         outcome = self.node.sync_outcome
         if outcome is not None and outcome.result == "failed" and outcome.reason.startswith(StateSyncRefused.__name__):
-            self.close()
-            raise ModelMismatch(f"the run's peers refused this model: {outcome.reason}")
-        self._gate.open()  # from now on the model is touched only inside `step`
+            return outcome.reason
+        return None
 
     def _run_node(self) -> None:
         try:

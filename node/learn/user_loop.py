@@ -66,6 +66,11 @@ class StepGate:
         finally:
             self._model.release()
 
+    def pending(self) -> int:
+        """How many calls wait for the owner."""
+        with self._lock:
+            return len(self._queue)
+
     def serve(self) -> int:
         """Owner thread: run the work queued so far (not work queued meanwhile); returns how many ran."""
         with self._lock:

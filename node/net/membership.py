@@ -76,6 +76,7 @@ class Membership:
         self.hello_timeout = hello_timeout
         self.clock = clock
         self.leaving = False
+        self.join_results: dict[str, str] = {}  # bootstrap address -> how its greeting ended ("ok", "refused: …")
         self.bans = bans or BanList()
 
     def _hello(self) -> Hello:
@@ -146,13 +147,13 @@ class Membership:
         return "ok"
 
     async def join(self, bootstrap: Sequence[str]) -> int:
-        """Greet every bootstrap peer concurrently; return how many answered."""
+        """Greet every bootstrap peer concurrently; return how many answered (`join_results`: each one's outcome)."""
         answered = 0
 
         async def one(addr: str) -> None:
             nonlocal answered
             peer_id, addrs = parse_bootstrap(addr)
-            result = await self.greet(peer_id, addrs)
+            result = self.join_results[addr] = await self.greet(peer_id, addrs)
             if result == "ok":
                 answered += 1
             else:
