@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import difflib
 import inspect
+import json
 import logging
 import threading
 from pathlib import Path
@@ -36,6 +37,7 @@ from node.learn.user_loop import ModelMismatch, StepGate, UserLoopTask, UserLoop
 from node.net.identity import load_or_create_identity
 from node.ops.config import NodeConfig
 from node.ops.node import Node, build_node
+from node.ops.status import STATUS_FILE
 
 log = logging.getLogger("murmur.peer")
 
@@ -217,13 +219,13 @@ class Peer:
         self._gate.serve()
 
     def status(self) -> dict:
-        """The same dict `murmur run` writes to status.json, as of now."""
-        if self._thread.is_alive() and self._token is not None:
+        """The same dict `murmur run` writes to status.json: as of now, or the final one once closed."""
+        if not self._closed and self._thread.is_alive() and self._token is not None:
             try:
                 return anyio.from_thread.run_sync(self.node.status, token=self._token)
             except anyio.RunFinishedError:
                 pass
-        return self.node.status()
+        return json.loads((self.config.data_dir / STATUS_FILE).read_text())  # written as the node stopped
 
     def close(self) -> None:
         """Stop the node: apply what is queued, say goodbye, checkpoint, write the final status. Idempotent."""
