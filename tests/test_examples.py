@@ -8,7 +8,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -45,19 +44,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_the_plain_loop_on_two_machines(tmp_path: Path) -> None:
-    addr_file = tmp_path / "a.addrs"
-    first = launch("plain_loop.py", tmp_path / "a", "--addr-file", str(addr_file), "--seconds", "12")
-    try:
-        for _ in range(600):  # at most 60 s for the first peer to listen
-            if addr_file.exists() and addr_file.read_text().strip():
-                break
-            assert first.poll() is None, first.communicate()[0][-3000:]
-            time.sleep(0.1)
-        second = launch("plain_loop.py", tmp_path / "b", "--bootstrap", addr_file.read_text().split()[0], "--seconds", "6", "--seed", "1")
-        own_b, swarm_b, merged_b = finish(second, 60)
-    finally:
-        own_a, swarm_a, merged_a = finish(first, 60)
+def test_the_plain_loop_on_two_machines() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "A_SECONDS": "12", "B_SECONDS": "6",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # `python` is this interpreter
+    done = subprocess.run(["sh", "examples/two_machines.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (own_b, swarm_b, merged_b), (own_a, swarm_a, merged_a) = [tuple(map(int, m)) for m in DONE.findall(done.stdout)]
     assert merged_a > 0 and merged_b > 0
     assert swarm_b > own_b  # the other peer's work reached this model (and its schedule)
 
