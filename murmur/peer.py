@@ -80,6 +80,8 @@ def _checked(name: str, value: Any) -> Any:
         value = Path(value).expanduser()
     if how is None or value is None:
         return value
+    if getattr(_HINTS[name], "__origin__", None) is list and not isinstance(value, (list, tuple)):
+        raise TypeError(f"{name} takes a list (e.g. {name}=[...]), got {type(value).__name__}")
     items = list(value) if isinstance(value, (list, tuple)) else None
     try:
         for item in items if items is not None else [value]:

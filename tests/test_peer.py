@@ -113,6 +113,10 @@ def test_options_are_murmur_runs_with_its_names_and_defaults(tmp_path: Path) -> 
         murmur.Peer(model, optimizer, wire_type="int8", data_dir=tmp_path)
     with pytest.raises(ValueError, match="invalid wire_dtype='int4'"):
         murmur.Peer(model, optimizer, wire_dtype="int4", data_dir=tmp_path)
+    with pytest.raises(TypeError, match=r"bootstrap takes a list \(e.g. bootstrap=\[...\]\), got str"):
+        murmur.Peer(model, optimizer, bootstrap="/ip4/127.0.0.1/tcp/1/p2p/x", data_dir=tmp_path)
+    with pytest.raises(ValueError, match="invalid bootstrap"):
+        murmur.Peer(model, optimizer, bootstrap=["/ip4/127.0.0.1/tcp/1"], data_dir=tmp_path)
     with pytest.raises(ValueError, match="slowdown paces `murmur run`'s own training loop"):
         murmur.Peer(model, optimizer, slowdown=2.0, data_dir=tmp_path)
     with pytest.raises(ValueError, match="exactly one of samples= or tokens="):
