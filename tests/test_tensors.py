@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import torch.nn.functional as F
 from torch import nn
 
 from node.learn.checkpoint import read_checkpoint, save_checkpoint
