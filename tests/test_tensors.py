@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from node.learn.checkpoint import read_checkpoint, save_checkpoint
@@ -123,6 +125,34 @@ def test_a_half_merge_moves_a_tied_tensor_to_the_mean() -> None:
     mean = (sa.state["emb.weight"] + sb.state["emb.weight"]) / 2
     torch.testing.assert_close(a.model.emb.weight.detach(), mean, rtol=0, atol=1e-6)
     assert a.model.head.weight is a.model.emb.weight  # still one tensor
+
+
+class ShareRule(MergeRule):
+    """The share each test example draws: the rule itself does not decide it here."""
+
+    name = "share-test"
+
+    def mix(self, local_weight: float, remote_weight: float) -> MixDecision:
+        raise AssertionError("the test passes its share to `merge` directly")
+
+
+@settings(max_examples=40, deadline=None)
+@given(share=st.floats(min_value=0.0, max_value=1.0))
+def test_a_merge_moves_a_tied_tensor_by_exactly_its_share_of_the_difference(share: float) -> None:
+    a, b = stepped(Trainer(TiedTask(), shard=1, rule=ShareRule()), 2), stepped(Trainer(TiedTask(), shard=2, rule=ShareRule()), 2)
+    sa, sb = a.snapshot(), b.snapshot()
+    local, remote = sa.state["emb.weight"], sb.state["emb.weight"]
+    a.merge(sa, sb.state, share, weight_after=sa.weight)
+    expected = local + share * (remote - local)
+    torch.testing.assert_close(a.model.emb.weight.detach(), expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(a.model.head.weight.detach(), expected, rtol=0, atol=1e-6)
+
+
+def test_a_checkpoint_stores_a_tied_tensor_once(tmp_path: Path) -> None:
+    state = stepped(Trainer(TiedTask(), shard=1), 1).checkpoint_state()["model"]
+    assert state["head.weight"].untyped_storage().data_ptr() == state["emb.weight"].untyped_storage().data_ptr()
+    loaded = read_checkpoint(save_checkpoint(tmp_path, {"model": state}))["model"]
+    assert loaded["head.weight"].untyped_storage().data_ptr() == loaded["emb.weight"].untyped_storage().data_ptr()
 
 
 def test_a_checkpoint_round_trip_keeps_the_tie(tmp_path: Path) -> None:

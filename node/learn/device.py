@@ -93,14 +93,24 @@ def to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
-def cpu_copy(obj: Any) -> Any:
-    """A copy of `obj` with every tensor in it (nested dicts, lists, tuples) on the CPU; for checkpoints."""
+def cpu_copy(obj: Any, _copies: dict | None = None) -> Any:
+    """A copy of `obj` with every tensor in it (nested dicts, lists, tuples) on the CPU; for checkpoints.
+
+    Tensors that are one tensor under several names (tied weights: the same storage, offset,
+    shape and stride) stay one tensor in the copy, so a checkpoint stores it once.
+    """
+    copies = {} if _copies is None else _copies
     if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
+        key = (obj.untyped_storage().data_ptr(), obj.storage_offset(), tuple(obj.shape), tuple(obj.stride()), obj.dtype)
+        if not obj.numel():  # empty tensors share no data, whatever their pointer
+            return obj.detach().to("cpu", copy=True)
+        if key not in copies:
+            copies[key] = obj.detach().to("cpu", copy=True)
+        return copies[key]
     if isinstance(obj, dict):
-        return {k: cpu_copy(v) for k, v in obj.items()}
+        return {k: cpu_copy(v, copies) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(cpu_copy(v) for v in obj)
+        return type(obj)(cpu_copy(v, copies) for v in obj)
     return obj
 
 

@@ -78,6 +78,7 @@ class Membership:
         self.hello_timeout = hello_timeout
         self.clock = clock
         self.leaving = False
+        self.join_results: dict[str, str] = {}  # bootstrap address -> how its greeting ended ("ok", "refused: …")
         self.bans = bans or BanList()
         self.summary = summary
         self._summaries: dict[str, tuple[PeerSummary, float]] = {}
@@ -169,13 +170,13 @@ class Membership:
         return "ok"
 
     async def join(self, bootstrap: Sequence[str]) -> int:
-        """Greet every bootstrap peer concurrently; return how many answered."""
+        """Greet every bootstrap peer concurrently; return how many answered (`join_results`: each one's outcome)."""
         answered = 0
 
         async def one(addr: str) -> None:
             nonlocal answered
             peer_id, addrs = parse_bootstrap(addr)
-            result = await self.greet(peer_id, addrs)
+            result = self.join_results[addr] = await self.greet(peer_id, addrs)
             if result == "ok":
                 answered += 1
             else:

@@ -23,13 +23,15 @@ import anyio
 import torch
 from libp2p.crypto.keys import KeyPair
 
+from node.averaging.averager import Outcome
 from node.averaging.factory import build_averager
 from node.learn.checkpoint import load_latest, save_checkpoint
 from node.learn.device import describe, resolve_device
-from node.learn.rules import make_rule
+from node.learn.rules import MergeRule, make_rule
 from node.learn.step import Pacing, scale_learning_rate
 from node.learn.tasks import load_task
 from node.learn.trainer import Evaluation, Trainer, TrainStats, train
+from node.learn.user_loop import ModelMismatch, UserLoopTrainer
 from node.net.libp2p_transport import Libp2pTransport
 from node.net.membership import PEERS_PROTOCOL, Membership
 from node.net.peers import PeerTable
@@ -66,9 +68,15 @@ class Node:
         self, config: NodeConfig, transport: Transport, bans: BanList | None = None,
         listen_addresses: Callable[[], list[str]] | None = None,
         network_info: Callable[[], dict] | None = None,
+        user_loop: Callable[[MergeRule], UserLoopTrainer] | None = None,
     ) -> None:
         """`listen_addresses` gives the real listen addresses when they differ from `transport.addresses()`;
-        `network_info` the transport's reachability and connection kinds for status (`Libp2pTransport.network_info`)."""
+        `network_info` the transport's reachability and connection kinds for status (`Libp2pTransport.network_info`).
+
+        `user_loop` (from `murmur.Peer`) builds the trainer of a model that the user's own loop steps:
+        the node then runs no training loop, and a checkpoint of another model raises `ModelMismatch`
+        instead of being skipped (and later overwritten).
+        """
         self.config = config
         self._listen_addresses = listen_addresses or transport.addresses
         self._network_info = network_info or (lambda: {"reachability": "unknown", "connections": {}})
@@ -78,15 +86,17 @@ class Node:
         self.peer_id = transport.peer_id
         if config.threads is not None:  # the operator's choice; benchmarks sharing a machine pass 1
             torch.set_num_threads(config.threads)
-        task = load_task(config.task)
         shard = config.shard if config.shard is not None else _shard_of(self.peer_id)
-        device = resolve_device(config.device)
-        self.trainer = Trainer(task, shard, device, config.mixed_precision, rule=make_rule(
-            config.weighting, config.merge, outer_lr=config.outer_lr, outer_momentum=config.outer_momentum,
-            optimizer_state=config.optimizer_state,
-        ))
-        scale_learning_rate(self.trainer.optimizer, config.lr_scale)
-        log.info("training on %s (%d threads)%s", describe(device), torch.get_num_threads(), " with bf16 autocast" if config.mixed_precision else "")
+        rule = make_rule(config.weighting, config.merge, outer_lr=config.outer_lr, outer_momentum=config.outer_momentum,
+                         optimizer_state=config.optimizer_state)
+        self.user_loop = user_loop is not None
+        if user_loop is None:
+            self.trainer = Trainer(load_task(config.task), shard, resolve_device(config.device), config.mixed_precision, rule=rule)
+            scale_learning_rate(self.trainer.optimizer, config.lr_scale)  # a user's loop owns its own rates
+        else:
+            self.trainer = user_loop(rule)
+        task = self.trainer.task
+        log.info("training on %s (%d threads)%s", describe(self.trainer.device), torch.get_num_threads(), " with bf16 autocast" if config.mixed_precision else "")
         self.rng = random.Random(shard)
         self.table = PeerTable(self.peer_id, config.liveness_timeout, view_size=config.view_size)
         self.bans = bans or BanList()
@@ -102,6 +112,8 @@ class Node:
         self.param_history: list[tuple[float, torch.Tensor]] = []
         self._serve_scope = anyio.CancelScope()
         self.phase = "joining"  # then "waiting" (ready, not yet told to start) and "training"
+        self.on_phase: Callable[[str], None] = lambda phase: None  # called on the event loop at each change
+        self.sync_outcome: Outcome | None = None  # state sync's, once tried
         self.last_eval: dict[str, float] = {}
         self.metrics = NodeMetrics(self.peer_id, task.name)
         self.metrics_url: str | None = None
@@ -163,7 +175,7 @@ class Node:
             log.info("joined through %d of %d bootstrap peers", joined, len(cfg.bootstrap))
             if cfg.sync_state:
                 ratio = cfg.catch_up_ratio if self.resumed_from else 0.0
-                outcome = await self.averager.sync_from_swarm(behind_ratio=ratio)
+                outcome = self.sync_outcome = await self.averager.sync_from_swarm(behind_ratio=ratio)
                 if outcome.result != "synced":
                     log.info("no state sync (%s): training from the %s model", outcome.reason, "resumed" if self.resumed_from else "initial")
         async with anyio.create_task_group() as tg:
@@ -178,11 +190,15 @@ class Node:
                 await anyio.sleep(max(0.0, start_at - time.time()))
             self._set_phase("training")
             with anyio.move_on_after(cfg.duration if cfg.duration is not None else float("inf")):
+                if self.user_loop:  # the user's thread steps the model and counts the work
+                    self.stats.started = time.monotonic()
+                    await anyio.sleep_forever()
                 await train(self.trainer, Pacing(cfg.slowdown, cfg.step_time_ms), self.stats, eval_every=cfg.eval_every, on_eval=self._on_eval)
             tg.cancel_scope.cancel()
 
     def _set_phase(self, phase: str) -> None:
         self.phase = phase
+        self.on_phase(phase)
         self.write_status()  # at once: a benchmark waits for every peer to be "waiting"
 
     def _on_eval(self, evaluation: Evaluation) -> None:
@@ -204,6 +220,8 @@ class Node:
         try:
             self.trainer.restore(state)
         except (ValueError, KeyError, RuntimeError) as exc:
+            if self.user_loop:  # the user's model: keep their checkpoint rather than overwrite it
+                raise ModelMismatch(f"the checkpoint {path} is not this model's: {exc}") from exc
             log.warning("not resuming from %s: %s", path, exc)
             return None
         log.info("resumed from %s (weight %.0f, %d samples)", path.name, self.trainer.weight, self.trainer.samples)
@@ -345,13 +363,13 @@ def build_transport(config: NodeConfig, key_pair: KeyPair, bans: BanList) -> Gua
     return guarded
 
 
-def build_node(config: NodeConfig, key_pair: KeyPair) -> Node:
-    """A libp2p node for `config`, with its ban list kept in the data dir."""
+def build_node(config: NodeConfig, key_pair: KeyPair, user_loop: Callable[[MergeRule], UserLoopTrainer] | None = None) -> Node:
+    """A libp2p node for `config`, with its ban list kept in the data dir (`user_loop`: see `Node`)."""
     config.data_dir.mkdir(parents=True, exist_ok=True)
     bans = BanList(config.data_dir / BANS_FILE)
     transport = build_transport(config, key_pair, bans)
     inner = transport.inner
     assert isinstance(inner, Libp2pTransport)
-    node = Node(config, transport, bans, listen_addresses=inner.listen_addresses, network_info=inner.network_info)
+    node = Node(config, transport, bans, listen_addresses=inner.listen_addresses, network_info=inner.network_info, user_loop=user_loop)
     inner.known_peers = lambda: {p: e.addrs for p, e in node.table.members.items()}  # where relays are looked for
     return node

@@ -1,0 +1,260 @@
+"""`murmur.Peer`: join a swarm from your own training loop.
+
+The peer runs an ordinary Murmur node (the one `murmur run` runs: Noise, validation,
+screening, bans, checkpoints, state sync, status file, metrics) on a background thread
+with its own Trio event loop. Your thread keeps the model: the node's snapshots, merges
+and checkpoints wait for your next `peer.step()`, which runs them between two of your
+steps (`node.learn.user_loop`). `peer.step()` itself never waits on the network.
+
+    with murmur.Peer(model, optimizer, run_id="my-run", bootstrap=[addr]) as peer:
+        for batch in loader:
+            loss = model(**batch).loss; loss.backward(); optimizer.step(); optimizer.zero_grad()
+            peer.step(samples=len(batch["input_ids"]))
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import inspect
+import json
+import logging
+import threading
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import torch
+from torch import nn
+
+from node.averaging.averager import StateSyncRefused
+from node.learn.device import DeviceError, check_mixed_precision, resolve_device
+from node.learn.tasks import BUILTIN_TASKS, load_task
+from node.learn.user_loop import ModelMismatch, StepGate, UserLoopTask, UserLoopTrainer, check_optimizer, model_device
+from node.net.identity import load_or_create_identity
+from node.ops.config import NodeConfig
+from node.ops.node import Node, build_node
+from node.ops.status import STATUS_FILE
+
+log = logging.getLogger("murmur.peer")
+
+# `murmur run` options that pace Murmur's own training loop; an API peer's loop is the user's.
+LOOP_ONLY = ("slowdown", "step_time_ms", "eval_every", "duration", "start_at", "start_file", "record_params")
+_FIELDS = {f.name: f for f in dataclasses.fields(NodeConfig)}
+_HINTS = get_type_hints(NodeConfig)
+STOP_TIMEOUT_S = 30.0  # the node's own goodbye (3 s) and checkpoint fit well within this
+
+
+class PeerClosed(RuntimeError):
+    """The peer was closed (or its node stopped on an error, given as the cause): it takes no more steps."""
+
+
+def _default(name: str) -> Any:
+    f = _FIELDS[name]
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def run_config(options: dict[str, Any]) -> NodeConfig:
+    """The `NodeConfig` for `Peer`'s keyword arguments: `murmur run`'s options by field name, same defaults.
+
+    Raises `TypeError` for an unknown name (suggesting the closest), `ValueError` for a bad
+    value or for an option that only paces `murmur run`'s own loop.
+    """
+    for name, value in options.items():
+        if name not in _FIELDS:
+            close = difflib.get_close_matches(name, _FIELDS, n=1)
+            raise TypeError(f"murmur.Peer got an unknown option {name!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
+        if name in LOOP_ONLY and value != _default(name):
+            raise ValueError(f"{name} paces `murmur run`'s own training loop; a murmur.Peer trains at your loop's pace")
+    values = {name: _checked(name, value) for name, value in options.items()}
+    return NodeConfig(**values)
+
+
+def _checked(name: str, value: Any) -> Any:
+    """`value` as `murmur run` would parse it: paths expanded, choices and addresses checked."""
+    how = _FIELDS[name].metadata.get("option")
+    if Path in getattr(_HINTS[name], "__args__", (_HINTS[name],)) and isinstance(value, str):
+        value = Path(value).expanduser()
+    if how is None or value is None:
+        return value
+    if getattr(_HINTS[name], "__origin__", None) is list and not isinstance(value, (list, tuple)):
+        raise TypeError(f"{name} takes a list (e.g. {name}=[...]), got {type(value).__name__}")
+    items = list(value) if isinstance(value, (list, tuple)) else None
+    try:
+        for item in items if items is not None else [value]:
+            if how.parse is not None and isinstance(item, str):
+                how.parse(item)
+            if how.choices is not None and item not in how.choices():
+                raise ValueError(f"choose from {', '.join(map(str, how.choices()))}")
+    except (argparse.ArgumentTypeError, ValueError) as exc:
+        raise ValueError(f"invalid {name}={value!r}: {exc}") from None
+    return items if items is not None else value
+
+
+def _task_name(spec: str) -> str:
+    """The name a run's task goes by (it labels the model's fingerprint), without building its model."""
+    return BUILTIN_TASKS[spec].name if spec in BUILTIN_TASKS else load_task(spec).name
+
+
+class Peer:
+    """A Murmur peer whose model your own loop trains; a context manager that closes it.
+
+    Construction starts the node, joins through `bootstrap`, resumes from a checkpoint in
+    `data_dir` and pulls the swarm's model (state sync) before returning, so your first
+    step starts from it. Raises `ModelMismatch` when the run's peers or the checkpoint hold
+    another model, `ForeignOptimizer` when the optimizer steps other parameters,
+    `DeviceError` for a device this machine lacks or that the model is not on, and
+    `TypeError`/`ValueError` for unknown or invalid options.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, **options: Any) -> None:
+        config = run_config(options)
+        device = model_device(model)
+        if config.device != "auto" and resolve_device(config.device) != device:  # raises DeviceError first if absent
+            raise DeviceError(f"device={config.device!r} but the model is on {device}")
+        if config.mixed_precision:
+            check_mixed_precision(device)
+        check_optimizer(model, optimizer)
+        self.config = config
+        self._gate = StepGate()
+        task = UserLoopTask(_task_name(config.task), model, optimizer)
+        self._make_trainer = lambda rule: UserLoopTrainer(task, rule=rule, gate=self._gate, mixed_precision=config.mixed_precision)
+        self._key_pair = load_or_create_identity(config.data_dir)
+        self._node: Node | None = None
+        self._token: anyio.lowlevel.EventLoopToken | None = None
+        self._addrs: list[str] = []
+        self._error: BaseException | None = None
+        self._closed = False
+        self._ready = threading.Event()  # set once training may start, or the node failed
+        self._thread = threading.Thread(target=self._run_node, name="murmur-peer", daemon=True)
+        self._thread.start()
+        self._ready.wait()  # bounded by the node's own join and state-sync timeouts
+        if self._error is not None:
+            self._thread.join()
+            raise self._error
+        refusal = self._refusal()
+        if refusal is not None:
+            self.close()
+            raise ModelMismatch(f"the run's peers refused this model: {refusal}")
+        self._gate.open()  # from now on the model is touched only inside `step`
+
+    def _refusal(self) -> str | None:
+        """Why the run's peers would not train with this model, if every bootstrap peer (or state sync) refused it."""
+        results = self.node.membership.join_results.values()
+        mismatches = [r for r in results if r.startswith("refused: task mismatch")]
+        if mismatches and "ok" not in results:
+            return mismatches[0].removeprefix("refused: ")
+        outcome = self.node.sync_outcome
+        if outcome is not None and outcome.result == "failed" and outcome.reason.startswith(StateSyncRefused.__name__):
+            return outcome.reason
+        return None
+
+    def _run_node(self) -> None:
+        try:
+            anyio.run(self._serve, backend="trio")
+        except BaseException as exc:
+            while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+                exc = exc.exceptions[0]
+            self._error = exc
+            log.error("murmur.Peer's node stopped: %s: %s", type(exc).__name__, exc)
+        finally:
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        self._token = anyio.lowlevel.current_token()
+        node = self._node = build_node(self.config, self._key_pair, user_loop=self._make_trainer)
+        node.on_phase = self._on_phase
+        await node.run()
+
+    def _on_phase(self, phase: str) -> None:
+        if phase == "training":  # joined and synced: the user's loop may start
+            self._addrs = self.node.transport.addresses()
+            self._ready.set()
+
+    @property
+    def node(self) -> Node:
+        assert self._node is not None, "set before construction returns"
+        return self._node
+
+    @property
+    def addrs(self) -> list[str]:
+        """The addresses other peers bootstrap from, each ending in `/p2p/<peer id>`."""
+        return list(self._addrs)
+
+    @property
+    def peer_id(self) -> str:
+        return self.node.peer_id
+
+    @property
+    def samples(self) -> int:
+        """The work (samples or tokens) this peer's own steps counted, resumed ones included."""
+        return self.node.trainer.samples
+
+    @property
+    def swarm_samples(self) -> float:
+        """An estimate of the whole swarm's work so far: this model's work weight times the peers
+        this peer knows, itself included. Merges conserve the sum of weights (`work` rule), so
+        the estimate is exact once the swarm has mixed and the view holds every peer."""
+        return self.node.trainer.weight * (1 + len(self.node.table.members))
+
+    def step(self, samples: int | None = None, *, tokens: int | None = None, loss: float | None = None) -> None:
+        """Count one finished step of your loop (`samples` or `tokens` of work) and apply pending merges.
+
+        Call it between optimizer steps (after `optimizer.step()`), from the thread that trains.
+        Never waits on the network: it runs only local work the node queued (a snapshot copy,
+        a merge). Raises `PeerClosed` after `close` or once the node stopped on an error.
+        """
+        if self._closed or not self._thread.is_alive():
+            raise PeerClosed("this murmur.Peer is closed: create a new one to keep training with the swarm") from self._error
+        if (samples is None) == (tokens is None):
+            raise ValueError("pass the step's work as exactly one of samples= or tokens=")
+        work = samples if samples is not None else tokens
+        if not isinstance(work, int) or isinstance(work, bool) or work < 0:
+            raise ValueError(f"work must be a non-negative int, got {work!r}")
+        trainer = self.node.trainer
+        assert isinstance(trainer, UserLoopTrainer)
+        trainer.record(work, loss)
+        self.node.stats.steps += 1
+        self._gate.serve()
+
+    def status(self) -> dict:
+        """The same dict `murmur run` writes to status.json: as of now, or the final one once closed."""
+        if not self._closed and self._thread.is_alive() and self._token is not None:
+            try:
+                return anyio.from_thread.run_sync(self.node.status, token=self._token)
+            except anyio.RunFinishedError:
+                pass
+        return json.loads((self.config.data_dir / STATUS_FILE).read_text())  # written as the node stopped
+
+    def close(self) -> None:
+        """Stop the node: apply what is queued, say goodbye, checkpoint, write the final status. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._gate.park()  # your loop has ended: the node's last checkpoint runs directly
+        if self._thread.is_alive() and self._token is not None:
+            try:
+                anyio.from_thread.run_sync(self.node.request_stop, token=self._token)
+            except anyio.RunFinishedError:
+                pass
+        self._thread.join(STOP_TIMEOUT_S)
+        if self._thread.is_alive():
+            log.warning("murmur.Peer's node did not stop within %.0f s", STOP_TIMEOUT_S)
+
+    def __enter__(self) -> Peer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+# `help(murmur.Peer)` lists every option with its default, as `murmur run --help` does.
+Peer.__init__.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+     inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=nn.Module),
+     inspect.Parameter("optimizer", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=torch.optim.Optimizer)]
+    + [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=_default(name), annotation=_HINTS[name]) for name in _FIELDS]
+)

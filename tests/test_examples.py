@@ -1,0 +1,70 @@
+"""The examples in `examples/` run offline and train together: each script as two OS processes
+(two "machines") over loopback, the second joining through the first."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from node.net.identity import load_or_create_identity, peer_id_of
+
+ROOT = Path(__file__).resolve().parents[1]
+DONE = re.compile(r"done: .* (\d+) own samples, (\d+) swarm samples, merged (\d+) times")
+
+
+def launch(script: str, data_dir: Path, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    return subprocess.Popen([sys.executable, f"examples/{script}", "--data-dir", str(data_dir), *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> tuple[int, int, int]:
+    """Wait for an example; return its (own samples, swarm samples, merges) from its last line."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out[-3000:]
+    found = DONE.search(out)
+    assert found, out[-3000:]
+    return tuple(int(g) for g in found.groups())  # type: ignore[return-value]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_plain_loop_on_two_machines() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "A_SECONDS": "12", "B_SECONDS": "6",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # `python` is this interpreter
+    done = subprocess.run(["sh", "examples/two_machines.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (own_b, swarm_b, merged_b), (own_a, swarm_a, merged_a) = [tuple(map(int, m)) for m in DONE.findall(done.stdout)]
+    assert merged_a > 0 and merged_b > 0
+    assert swarm_b > own_b  # the other peer's work reached this model (and its schedule)
+
+
+@pytest.mark.slow
+def test_the_hf_trainer_with_two_peers(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    # The first peer's identity and port are fixed beforehand, so both start at once.
+    peer_a = peer_id_of(load_or_create_identity(tmp_path / "a"))
+    listen_a = f"/ip4/127.0.0.1/tcp/{free_port()}"
+    first = launch("hf_trainer.py", tmp_path / "a", "--listen", listen_a, "--steps", "600")
+    second = launch("hf_trainer.py", tmp_path / "b", "--bootstrap", f"{listen_a}/p2p/{peer_a}", "--steps", "600", "--seed", "1")
+    try:
+        own_b, swarm_b, merged_b = finish(second, 120)
+    finally:
+        own_a, swarm_a, merged_a = finish(first, 120)
+    assert own_a == own_b == 600 * 16
+    assert merged_a > 0 and merged_b > 0

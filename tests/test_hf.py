@@ -1,0 +1,89 @@
+"""`murmur.hf.MurmurCallback`: two Hugging Face `Trainer`s, each on its own thread with its own
+peer over loopback, train a GPT-2 built from a config (no download) together."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+
+import murmur  # noqa: E402
+from murmur.hf import MurmurCallback  # noqa: E402
+
+LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+
+
+class RandomTokens(torch.utils.data.Dataset):
+    def __init__(self, seed: int) -> None:
+        self.data = torch.randint(64, (4096, 16), generator=torch.Generator().manual_seed(seed))
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.data[i], "labels": self.data[i]}
+
+
+def gpt2() -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def trainer(tmp_path: Path, name: str, callback: MurmurCallback, steps: int, seed: int) -> transformers.Trainer:
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / f"out-{name}"), max_steps=steps, per_device_train_batch_size=8, learning_rate=1e-3,
+        gradient_accumulation_steps=2, save_strategy="no", report_to=[], use_cpu=True, seed=seed, disable_tqdm=True,
+    )
+    return transformers.Trainer(model=gpt2(), args=args, train_dataset=RandomTokens(seed), callbacks=[callback])
+
+
+def test_a_bad_option_fails_before_training() -> None:
+    with pytest.raises(TypeError, match="did you mean 'bootstrap'"):
+        MurmurCallback(bootstraps=["/ip4/127.0.0.1/tcp/1"])
+
+
+def test_a_trainer_and_a_loop_on_another_thread_train_together(tmp_path: Path) -> None:
+    # Two `Trainer`s cannot share one process (accelerate's state is global): the first peer is a
+    # plain loop on a thread here; tests/test_examples.py runs two `Trainer` processes.
+    model = gpt2()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    stop, errors = threading.Event(), []
+    with murmur.Peer(model, optimizer, run_id="hf", listen=LOOPBACK, data_dir=tmp_path / "loop") as loop_peer:
+
+        def train_loop() -> None:
+            try:
+                data = RandomTokens(1)
+                for step in range(20_000):  # bounded; stopped by the test
+                    if stop.is_set():
+                        return
+                    batch = {k: torch.stack([data[i][k] for i in range(step % 512 * 8, step % 512 * 8 + 8)]) for k in ("input_ids", "labels")}
+                    model(**batch).loss.backward()
+                    optimizer.step()
+                    optimizer.zero_grad()
+                    loop_peer.step(samples=8)
+            except BaseException as exc:  # reported by the test thread
+                errors.append(exc)
+
+        thread = threading.Thread(target=train_loop, daemon=True)
+        thread.start()
+        try:
+            callback = MurmurCallback(run_id="hf", listen=LOOPBACK, bootstrap=loop_peer.addrs, data_dir=tmp_path / "hf")
+            trainer(tmp_path, "hf", callback, steps=150, seed=2).train()
+        finally:
+            stop.set()
+            thread.join(60)
+        assert not thread.is_alive() and not errors, errors
+        status_loop = loop_peer.status()
+    assert callback.peer is not None
+    status_hf = callback.peer.status()
+    assert status_hf["samples"] == 150 * 16  # batch x accumulation per optimizer step
+    assert status_hf["exchanges"].get("merged", 0) > 0 and status_loop["exchanges"].get("merged", 0) > 0
+    # GPT-2's output layer is its token embedding: it travels and merges as one tensor.
+    assert callback.peer.node.trainer.exchanged.aliases == {"lm_head.weight": "transformer.wte.weight"}
