@@ -21,6 +21,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY node ./node
 COPY protocol ./protocol
+COPY murmur ./murmur
 # The base image's torch satisfies the dependency, so pip adds only Murmur and its
 # small dependencies; the check fails the build if the image's torch has no CUDA.
 # fastecdsa (a py-libp2p dependency) has no Linux wheel: it compiles against GMP, so a
