@@ -8,10 +8,10 @@ PYTHON="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
-if ! .venv/bin/python -c "import node, torch, libp2p, pytest, hypothesis, prometheus_client, dockerfile_parse" 2>/dev/null; then
+if ! .venv/bin/python -c "import node, torch, libp2p, pytest, hypothesis, prometheus_client, dockerfile_parse, transformers" 2>/dev/null; then
     # Pin torch first: an unpinned torch would pull a multi-GB CUDA build.
     .venv/bin/pip install --quiet torch==2.13.0
-    .venv/bin/pip install --quiet -e '.[test]'
+    .venv/bin/pip install --quiet -e '.[test,hf]'
 fi
 # The dashboard's browser test needs a headless Chromium (Debian's package); as root, install it where missing.
 command -v chromium >/dev/null || { [ "$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq chromium; } || true
