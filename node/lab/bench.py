@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from node.lab.progress import Progress
 from node.lab.swarm import FORK_PRELOAD, ONE_THREAD, ForkedPeer, stop_processes
 from node.lab.sync_baseline import RANK_MODULE, run_sync
 from node.ops.node import METRICS_FILE
@@ -260,26 +261,36 @@ def run_bench(config: dict, out: Path) -> dict:
     multiprocessing.forkserver.ensure_running()
     bench_began = time.monotonic()
     results: list[dict] = []
-    for task in config["tasks"]:
-        for seed in config["seeds"]:
-            for mix in config["mixes"][task]:
-                slowdowns = MIXES[mix]
-                max_s = config["max_s"][task]
-                group = []
-                # The ideal is calibrated for every seed, next to the runs it is compared with.
-                for method, scale in [("ideal", None), *config.get("runs", [(m, None) for m in METHODS])]:
-                    label = method if scale is None else f"{method}@lr×{scale:g}"
-                    print(f"[bench] {task} seed {seed} {mix} {slowdowns}: {label}", flush=True)
-                    began = time.monotonic()
-                    r = run_method(task, slowdowns, method, seed, max_s, out / "runs" / f"{task}-{mix}-s{seed}-{label}", scale)
-                    r.update(mix=mix, seed=seed, label=label, run_wall_s=time.monotonic() - began)  # start-up and teardown included
-                    group.append(r)
-                for g in score(group):
-                    print(f"  {g['label']:18s} ttt={g.get('time_to_target') if g['method'] != 'ideal' else '-'} samples/s={g['samples_per_s']:.0f} ({(g['pct_of_ideal'] or 0):.0%} of ideal) "
-                          f"max idle={max(p['idle_fraction'] for p in g['peers']):.1%} {TASKS[task]['metric']} at equal samples={g['metric_at_equal_samples']}", flush=True)
-                results += group
-                (out / "results.json").write_text(json.dumps({"config": config, "results": results}, indent=1))
+    runs = [("ideal", None), *config.get("runs", [(m, None) for m in METHODS])]
+    total = sum(len(config["seeds"]) * len(config["mixes"][t]) * len(runs) for t in config["tasks"])
+    with Progress(total=total, label="murmur bench") as progress:
+        for task in config["tasks"]:
+            _bench_task(task, config, runs, out, progress, results)
     return report({"config": config, "results": results, "wall_s": time.monotonic() - bench_began}, out)
+
+
+def _bench_task(task: str, config: dict, runs: list, out: Path, progress: Progress, results: list[dict]) -> None:
+    """Run every seed and mix of `task`, method by method (interleaved), appending to `results` and saving them."""
+    for seed in config["seeds"]:
+        for mix in config["mixes"][task]:
+            slowdowns = MIXES[mix]
+            max_s = config["max_s"][task]
+            group = []
+            # The ideal is calibrated for every seed, next to the runs it is compared with.
+            for method, scale in runs:
+                label = method if scale is None else f"{method}@lr×{scale:g}"
+                print(f"[bench] {task} seed {seed} {mix} {slowdowns}: {label}", flush=True)
+                progress.start(f"{task} {mix} seed {seed}: {label}")
+                began = time.monotonic()
+                r = run_method(task, slowdowns, method, seed, max_s, out / "runs" / f"{task}-{mix}-s{seed}-{label}", scale)
+                r.update(mix=mix, seed=seed, label=label, run_wall_s=time.monotonic() - began)  # start-up and teardown included
+                group.append(r)
+                progress.advance()
+            for g in score(group):
+                print(f"  {g['label']:18s} ttt={g.get('time_to_target') if g['method'] != 'ideal' else '-'} samples/s={g['samples_per_s']:.0f} ({(g['pct_of_ideal'] or 0):.0%} of ideal) "
+                      f"max idle={max(p['idle_fraction'] for p in g['peers']):.1%} {TASKS[task]['metric']} at equal samples={g['metric_at_equal_samples']}", flush=True)
+            results += group
+            (out / "results.json").write_text(json.dumps({"config": config, "results": results}, indent=1))
 
 
 def score(group: list[dict]) -> list[dict]:
