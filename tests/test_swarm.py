@@ -124,3 +124,41 @@ def test_only_murmur_run_peers_can_be_forked(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match="only `murmur run` peers can be forked"):
         start_peer(0, tmp_path, 1.0, [], None, command=["adversary"], fork=True)
+
+
+@pytest.mark.slow
+def test_swarm_with_the_outer_rule_and_merged_optimizer_state_learns_over_libp2p(tmp_path: Path) -> None:
+    # The lab's best outer setting (README, "Learning per sample"), SGD's momentum merged with the model.
+    extra = ["--task", "digits", "--step-time", "20", "--duration", "120", "--merge", "outer", "--outer-lr", "0.8",
+             "--outer-momentum", "0.3", "--optimizer-state", "average", "--checkpoint-every", "2"]
+    peers = start_swarm(tmp_path, [1, 1, 2], extra)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            statuses = [p.status() or {} for p in peers]
+            merged = [s.get("exchanges", {}).get("merged", 0) for s in statuses]
+            accuracy = [s.get("eval", {}).get("accuracy", 0.0) for s in statuses]
+            if min(merged) >= 3 and statistics.median(accuracy) > 0.9:
+                break
+            assert all(p.process.poll() is None for p in peers), "a peer exited early"
+            time.sleep(1)
+        else:
+            pytest.fail(f"outer swarm did not learn: merged={merged} accuracy={accuracy}")
+    finally:
+        codes = stop_swarm(peers)
+    assert codes == [0, 0, 0]
+    import torch
+
+    from node.learn.checkpoint import load_latest
+    from node.ops.node import CHECKPOINT_DIR
+
+    for peer in peers:
+        assert "Traceback" not in (peer.data_dir / "log.txt").read_text()
+        found = load_latest(peer.data_dir / CHECKPOINT_DIR)
+        assert found is not None
+        state, _ = found
+        rule = state["merge_rule"]
+        assert rule["name"] == "outer" and rule["state"]["lr"] == 0.8  # the anchor and momentum survive a restart
+        anchor = rule["state"]["anchor"]
+        assert any(name.startswith("optimizer.") for name in anchor)  # the momentum travelled with the model
+        assert all(torch.isfinite(t).all() for t in anchor.values())
