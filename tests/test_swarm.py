@@ -26,23 +26,28 @@ def test_local_peers_run_one_torch_thread_each_unless_told_otherwise(tmp_path: P
         assert (args.threads, args.slowdown, args.data_dir) == (threads, 2.0, tmp_path / "peer-0")
 
 
+def _wait_until_learned(peers: list, merged_at_least: int, known: int | None = None, timeout: float = 90) -> tuple[list[int], list[float]]:
+    """Poll the peers' status until each merged `merged_at_least` times, knows `known` others and the
+    median accuracy passes 0.9; fail if a peer exits or time runs out. Returns each peer's known count and accuracy."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        statuses = [p.status() or {} for p in peers]
+        merged = [s.get("exchanges", {}).get("merged", 0) for s in statuses]
+        accuracy = [s.get("eval", {}).get("accuracy", 0.0) for s in statuses]
+        knows = [s.get("known_peers", 0) for s in statuses]
+        if min(merged) >= merged_at_least and known in (None, min(knows)) and statistics.median(accuracy) > 0.9:
+            return knows, accuracy
+        assert all(p.process.poll() is None for p in peers), "a peer exited early"
+        time.sleep(1)
+    pytest.fail(f"swarm did not converge: merged={merged} known={knows} accuracy={accuracy}")
+
+
 @pytest.mark.slow
 def test_swarm_of_processes_learns_and_stops_cleanly(tmp_path: Path) -> None:
     extra = ["--task", "digits", "--step-time", "20", "--duration", "120", "--liveness-timeout", "10"]
     peers = start_swarm(tmp_path, [1, 1, 2, 4], extra)
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            statuses = [p.status() or {} for p in peers]
-            merged = [s.get("exchanges", {}).get("merged", 0) for s in statuses]
-            accuracy = [s.get("eval", {}).get("accuracy", 0.0) for s in statuses]
-            known = [s.get("known_peers", 0) for s in statuses]
-            if min(merged) >= 1 and min(known) == 3 and statistics.median(accuracy) > 0.9:
-                break
-            assert all(p.process.poll() is None for p in peers), "a peer exited early"
-            time.sleep(1)
-        else:
-            pytest.fail(f"swarm did not converge: merged={merged} known={known} accuracy={accuracy}")
+        known, accuracy = _wait_until_learned(peers, merged_at_least=1, known=3)
     finally:
         codes = stop_swarm(peers)
     assert codes == [0, 0, 0, 0]
@@ -133,17 +138,7 @@ def test_swarm_with_the_outer_rule_and_merged_optimizer_state_learns_over_libp2p
              "--outer-momentum", "0.3", "--optimizer-state", "average", "--checkpoint-every", "2"]
     peers = start_swarm(tmp_path, [1, 1, 2], extra)
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            statuses = [p.status() or {} for p in peers]
-            merged = [s.get("exchanges", {}).get("merged", 0) for s in statuses]
-            accuracy = [s.get("eval", {}).get("accuracy", 0.0) for s in statuses]
-            if min(merged) >= 3 and statistics.median(accuracy) > 0.9:
-                break
-            assert all(p.process.poll() is None for p in peers), "a peer exited early"
-            time.sleep(1)
-        else:
-            pytest.fail(f"outer swarm did not learn: merged={merged} accuracy={accuracy}")
+        _wait_until_learned(peers, merged_at_least=3)
     finally:
         codes = stop_swarm(peers)
     assert codes == [0, 0, 0]

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from node.learn.rules import make_rule
-from node.learn.step import train_step
+from node.learn.step import scale_learning_rate, train_step
 from node.learn.tasks import Task
 from node.learn.trainer import Trainer
 
@@ -75,16 +75,11 @@ class Curve:
         return next((s for s, m in zip(self.samples, self.metric) if (m >= target if higher else m <= target)), None)
 
 
-def _scale_lr(optimizer: torch.optim.Optimizer, scale: float) -> None:
-    for group in optimizer.param_groups:
-        group["lr"] *= scale
-
-
 def run_sync(task: Task, peers: int, samples: int, eval_every: int, seed: int, lr_scale: float = 1.0) -> Curve:
     """One model; each step takes one batch from each of `peers` data streams (equal batches)."""
     model = task.build_model()
     optimizer = task.make_optimizer(model)
-    _scale_lr(optimizer, lr_scale)
+    scale_learning_rate(optimizer, lr_scale)
     streams = [task.train_batches(1000 * seed + i) for i in range(peers)]
     curve, done = Curve(), 0
     while done < samples:
@@ -104,7 +99,7 @@ def run_diloco(task: Task, variant: Variant, peers: int, samples: int, eval_ever
     for trainer in replicas[1:]:
         trainer.model.load_state_dict(replicas[0].model.state_dict())
     for trainer in replicas:
-        _scale_lr(trainer.optimizer, variant.lr_scale)
+        scale_learning_rate(trainer.optimizer, variant.lr_scale)
     anchor = [p.detach().clone().requires_grad_(True) for p in replicas[0].model.parameters()]
     outer = torch.optim.SGD(anchor, lr=variant.outer_lr, momentum=variant.outer_momentum, nesterov=variant.outer_momentum > 0)
     curve, done, next_eval = Curve(), 0, eval_every
@@ -149,7 +144,7 @@ def run_gossip(
         if variant.adam in ("avg", "avg1"):  # what `optimizer_state` travels with the model
             rule.optimizer_state = ("exp_avg", "exp_avg_sq") if variant.adam == "avg" else ("exp_avg",)
         trainer = Trainer(task, shard=1000 * seed + i, rule=rule)
-        _scale_lr(trainer.optimizer, variant.lr_scale)
+        scale_learning_rate(trainer.optimizer, variant.lr_scale)
         trainers.append(trainer)
     fastest = min(slowdowns)
     # (time, kind, peer): kind 0 = a step ends, 1 = the peer starts a merge; ties resolve steps first.
