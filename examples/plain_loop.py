@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -61,7 +62,7 @@ def main() -> None:
     parser.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0")
     parser.add_argument("--bootstrap", action="append", default=[])
     parser.add_argument("--addr-file", help="write this peer's addresses here (for the second peer to bootstrap from)")
-    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--seconds", type=float, default=20.0, help="train this long (a SIGTERM ends it sooner, cleanly)")
     parser.add_argument("--swarm-samples", type=float, default=200_000, help="the schedule's length, in the swarm's samples")
     parser.add_argument("--seed", type=int, default=0, help="this peer's data order")
     args = parser.parse_args()
@@ -81,8 +82,10 @@ def main() -> None:
             return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine)
+        stop = []
+        signal.signal(signal.SIGTERM, lambda *_: stop.append(True))  # `kill` ends training like --seconds does
         stream, deadline, step = batches(data, micro, args.seed), time.monotonic() + args.seconds, 0
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not stop:
             for _ in range(accumulate):  # gradient accumulation: 2 micro-batches per optimizer step
                 x, y = next(stream)
                 loss = F.cross_entropy(model(x), y)

@@ -1,8 +1,32 @@
 """Murmur's Python API: join a swarm from your own training loop (`Peer`), or from Hugging Face's
-`Trainer` (`murmur.hf.MurmurCallback`, with the `[hf]` extra)."""
+`Trainer` (`murmur.hf.MurmurCallback`, with the `[hf]` extra).
 
-from murmur.peer import Peer, PeerClosed
-from node.learn.device import DeviceError
-from node.learn.user_loop import ForeignOptimizer, ModelMismatch
+The node's code lives in `murmur.node` and `murmur.protocol`, so installing Murmur adds one
+top-level name, `murmur`, and a user's own `node.py` or `protocol.py` shadows nothing. In the
+repository those packages stay in the folders `node/` and `protocol/`; pyproject.toml maps them
+into this package when it is installed, and the lines below do the same for a source checkout.
+"""
 
-__all__ = ["DeviceError", "ForeignOptimizer", "ModelMismatch", "Peer", "PeerClosed"]
+from __future__ import annotations
+
+from importlib import import_module
+from pathlib import Path
+from typing import Any
+
+_here = Path(__file__).resolve().parent
+if not (_here / "node").is_dir() and (_here.parent / "node" / "__init__.py").is_file():
+    __path__.append(str(_here.parent))  # a checkout: murmur.node is ../node (an installed wheel has murmur/node)
+
+# Imported on first use, so `murmur.node.net` (which needs no torch) does not load the API's torch.
+_PUBLIC = {
+    "Peer": "murmur.peer", "PeerClosed": "murmur.peer",
+    "DeviceError": "murmur.node.learn.device",
+    "ForeignOptimizer": "murmur.node.learn.user_loop", "ModelMismatch": "murmur.node.learn.user_loop",
+}  # fmt: skip
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'murmur' has no attribute {name!r}")
+    return getattr(import_module(_PUBLIC[name]), name)

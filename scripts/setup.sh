@@ -8,7 +8,10 @@ PYTHON="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
-if ! .venv/bin/python -c "import node, torch, libp2p, pytest, hypothesis, prometheus_client, dockerfile_parse, transformers" 2>/dev/null; then
+# The entry-point check also catches a virtualenv made before node/ moved under murmur.node.
+if ! .venv/bin/python -c "import murmur.node.cli, torch, libp2p, pytest, hypothesis, prometheus_client, dockerfile_parse, transformers
+from importlib.metadata import entry_points
+(ep,) = entry_points(group='console_scripts', name='murmur'); assert ep.value == 'murmur.node.cli:entry'" 2>/dev/null; then
     # Pin torch first: an unpinned torch would pull a multi-GB CUDA build.
     .venv/bin/pip install --quiet torch==2.13.0
     .venv/bin/pip install --quiet -e '.[test,hf]'

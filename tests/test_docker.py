@@ -19,10 +19,10 @@ from dockerfile_parse import DockerfileParser
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from node.net.identity import load_or_create_identity, peer_id_of
-from node.net.membership import parse_bootstrap
-from node.ops.run import build_run_parser
-from node.ops.status import build_parser as build_status_parser
+from murmur.node.net.identity import load_or_create_identity, peer_id_of
+from murmur.node.net.membership import parse_bootstrap
+from murmur.node.ops.run import build_run_parser
+from murmur.node.ops.status import build_parser as build_status_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 HEALTH_ARGV = ["murmur", "status", "--data-dir", "/data", "--health"]
@@ -70,8 +70,7 @@ def test_base_image_is_a_cuda_pytorch_that_meets_the_torch_requirement() -> None
 
 def test_the_image_copies_everything_pip_install_needs_and_dockerignore_keeps_it() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    include = project["tool"]["setuptools"]["packages"]["find"]["include"]  # e.g. "node*"
-    packages = {pattern.split(".")[0].rstrip("*") for pattern in include}
+    packages = set(project["tool"]["setuptools"]["package-dir"].values())  # the folders: murmur, node, protocol
     needed = {"pyproject.toml", project["project"]["readme"], *packages}
     copied = {src for value in _instructions("COPY") for src in value.split()[:-1]}
     assert needed <= copied, needed - copied
@@ -150,8 +149,8 @@ def test_the_entrypoint_starts_a_node(tmp_path: Path) -> None:
     for container, here in local.items():
         argv = [arg.replace(container, here) for arg in argv]
     assert argv[0] == "murmur"
-    argv = [sys.executable, "-m", "node.cli", *argv[1:], "--eval-every", "1"]
-    health = [sys.executable, "-m", "node.cli", *HEALTH_ARGV[1:]]
+    argv = [sys.executable, "-m", "murmur.node.cli", *argv[1:], "--eval-every", "1"]
+    health = [sys.executable, "-m", "murmur.node.cli", *HEALTH_ARGV[1:]]
     health[health.index("/data")] = str(data_dir)
     log = tmp_path / "stderr.txt"
     with log.open("w") as stderr:

@@ -14,8 +14,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from node.lab import sync_baseline as sb
-from node.learn.tasks import DigitsTask
+from murmur.node.lab import sync_baseline as sb
+from murmur.node.learn.tasks import DigitsTask
 
 SLOWDOWNS = [1.0, 2.0]
 DURATION = 3.0

@@ -43,11 +43,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from node.lab.progress import Progress
-from node.lab.swarm import FORK_PRELOAD, ONE_THREAD, ForkedPeer, stop_processes
-from node.lab.sync_baseline import RANK_MODULE, run_sync
-from node.ops.node import METRICS_FILE
-from node.ops.status import StatusUnavailable, load_status
+from murmur.node.lab.progress import Progress
+from murmur.node.lab.swarm import FORK_PRELOAD, ONE_THREAD, ForkedPeer, stop_processes
+from murmur.node.lab.sync_baseline import RANK_MODULE, run_sync
+from murmur.node.ops.node import METRICS_FILE
+from murmur.node.ops.status import StatusUnavailable, load_status
 
 MIXES = {
     "homogeneous": [1.0, 1.0, 1.0, 1.0],
@@ -90,7 +90,7 @@ def _free_port() -> int:
 
 def _peer_id(data_dir: Path) -> str:
     """The peer ID `murmur run --data-dir data_dir` will have (its key is created now)."""
-    from node.net.identity import load_or_create_identity, peer_id_of
+    from murmur.node.net.identity import load_or_create_identity, peer_id_of
 
     return peer_id_of(load_or_create_identity(data_dir))
 
@@ -354,7 +354,7 @@ def _labels(results: list[dict]) -> list[str]:
 
 def base_lr(task: str) -> float:
     """The learning rate the task's own optimizer starts with (its first parameter group's)."""
-    from node.learn.tasks import load_task
+    from murmur.node.learn.tasks import load_task
 
     spec = load_task(task)
     return spec.make_optimizer(spec.build_model()).param_groups[0]["lr"]

@@ -1,4 +1,4 @@
-"""One rank of the synchronous baseline (`node.lab.sync_baseline`): its process and training loop.
+"""One rank of the synchronous baseline (`murmur.node.lab.sync_baseline`): its process and training loop.
 
 Every step the rank draws its batch and runs `train_step`; between backward and the
 optimizer step (the `before_update` hook) it
@@ -45,8 +45,8 @@ from typing import Any, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
-from node.learn.step import Pacing, scale_learning_rate, train_step
-from node.learn.tasks import Batch, Task, load_task
+from murmur.node.learn.step import Pacing, scale_learning_rate, train_step
+from murmur.node.learn.tasks import Batch, Task, load_task
 
 MODES = ("equal", "proportional", "diloco")
 HOST = "127.0.0.1"
