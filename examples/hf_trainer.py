@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing to download: the model comes from a config
 
 import torch  # noqa: E402
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: E402
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 from murmur.hf import MurmurCallback  # noqa: E402
 
@@ -41,6 +42,18 @@ class SourceBytes(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         window = self.data[i * CONTEXT : (i + 1) * CONTEXT]
         return {"input_ids": window, "labels": window}
+
+
+class StopOnSigterm(TrainerCallback):
+    """A SIGTERM (`kill`, `docker stop`) ends training after the current step; the peer then leaves cleanly."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "requested", True))
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, ANN201 (TrainerCallback's signature)
+        if self.requested:
+            control.should_training_stop = True
 
 
 def main() -> None:
@@ -65,11 +78,11 @@ def main() -> None:
         report_to=[], use_cpu=True, seed=args.seed, data_seed=args.seed, disable_tqdm=True,
     )
     start = time.monotonic()
-    result = Trainer(model=model, args=training, train_dataset=SourceBytes(), callbacks=[murmur_cb]).train()
+    result = Trainer(model=model, args=training, train_dataset=SourceBytes(), callbacks=[murmur_cb, StopOnSigterm()]).train()
     peer = murmur_cb.peer
     assert peer is not None
     status = peer.status()
-    print(f"done: {args.steps} steps in {time.monotonic() - start:.1f} s, mean train loss {result.training_loss:.3f}, "
+    print(f"done: {result.global_step} steps in {time.monotonic() - start:.1f} s, mean train loss {result.training_loss:.3f}, "
           f"{status['samples']} own samples, {peer.swarm_samples:.0f} swarm samples, "
           f"merged {status['exchanges'].get('merged', 0)} times", flush=True)
 

@@ -87,3 +87,15 @@ def test_swarm_peers_are_started_with_one_torch_thread_each(tmp_path: Path, monk
     assert [a.threads for a in args] == [1, 1]  # two peers share this machine: the node itself would not limit them
     assert [a.slowdown for a in args] == [1.0, 2.0] and [a.shard for a in args] == [3000, 3001]
     assert args[0].bootstrap == [] and len(args[1].bootstrap) == 1
+
+
+def test_methods_argument_names_methods_and_optional_scales() -> None:
+    from murmur.node.lab.bench import _method_arg
+
+    assert _method_arg("murmur") == ("murmur", None)
+    assert _method_arg("sync-equal@0.5") == ("sync-equal", 0.5)
+    assert _method_arg("murmur-avg-state@2") == ("murmur-avg-state", 2.0)
+    with pytest.raises(ValueError, match="unknown method 'murmr'"):
+        _method_arg("murmr")
+    with pytest.raises(ValueError, match="must be positive"):
+        _method_arg("murmur@0")

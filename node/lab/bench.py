@@ -72,13 +72,17 @@ MURMUR_ARGS = {
     "murmur-uniform": ["--merge", "average", "--weighting", "uniform"],
     "murmur-work": ["--merge", "average", "--weighting", "work"],
     "murmur": [],
+    # Ablations, for `--methods` (not in the default run): what each part of the default buys.
+    "murmur-keep-state": ["--merge", "average", "--weighting", "work", "--optimizer-state", "keep"],
+    "murmur-avg-state": ["--merge", "average", "--weighting", "work", "--optimizer-state", "average"],
+    "murmur-outer": ["--merge", "outer", "--weighting", "work", "--optimizer-state", "average"],
 }
 SWEEP_METHODS = ["sync-equal", "murmur"]
 SWEEP_SCALES = [0.25, 0.5, 1.0, 2.0]  # ×2 grid around each task's own learning rate
 DEFAULT = {"tasks": ["digits", "charlm"], "mixes": {"digits": ["homogeneous", "mild", "headline", "extreme"], "charlm": ["headline"]}, "seeds": [0, 1, 2], "max_s": {"digits": 25.0, "charlm": 60.0}}
 QUICK = {"tasks": ["digits"], "mixes": {"digits": ["headline"]}, "seeds": [0], "max_s": {"digits": 20.0}}
 SWEEP = {"tasks": ["charlm", "digits"], "mixes": {"charlm": ["headline"], "digits": ["headline"]}, "seeds": [0, 1],
-         "max_s": DEFAULT["max_s"], "runs": [(m, s) for s in SWEEP_SCALES for m in SWEEP_METHODS]}
+         "max_s": DEFAULT["max_s"], "sweep": True, "runs": [(m, s) for s in SWEEP_SCALES for m in SWEEP_METHODS]}
 START_MARGIN_S = 0.3  # from the start file's writing to the start time it holds: every peer reads it in time
 
 
@@ -314,7 +318,7 @@ def report(run: dict, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(run, indent=1))
     summary = summarize(run["results"]) + f"\nBenchmark wall time: {run['wall_s'] / 60:.1f} min ({len(run['results'])} runs).\n"
-    if "runs" in run["config"]:  # a sweep: its verdict is what the default run should use
+    if run["config"].get("sweep"):  # its verdict is what the default run should use
         run["chosen_lr_scale"] = chosen = choose_lr(run["results"])
         summary += "\nBest learning rate (median time to target, then metric at equal samples): " + "; ".join(
             f"{task} {method} {base_lr(task) * scale:.3g} (×{scale:g})" for task, picks in chosen.items() for method, scale in picks.items()
@@ -441,6 +445,18 @@ def plot(results: list[dict], out: Path) -> None:
         plt.close(fig)
 
 
+def _method_arg(text: str) -> tuple[str, float | None]:
+    """`method` or `method@scale` -> (method, scale or None); raises ValueError naming what is wrong."""
+    method, _, scale = text.partition("@")
+    if method not in METHODS and method not in MURMUR_ARGS:
+        raise ValueError(f"unknown method {method!r}: choose from {[*METHODS, *MURMUR_ARGS]}")
+    if not scale:
+        return method, None
+    if not float(scale) > 0:
+        raise ValueError(f"learning-rate scale must be positive, got {scale!r}")
+    return method, float(scale)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="murmur bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="digits, headline mix, one seed (~1 min)")
@@ -451,6 +467,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep-lr", action="store_true",
                         help=f"run {SWEEP_METHODS} at learning-rate scales {SWEEP_SCALES} instead and print the best of each "
                              "(default: charlm and digits, headline mix, 2 seeds)")
+    parser.add_argument("--methods", default=None, metavar="M[@SCALE],…",
+                        help=f"run these methods instead (from {[*METHODS, *(m for m in MURMUR_ARGS if m not in METHODS)]}), "
+                             "each optionally at a learning-rate scale, e.g. sync-equal@0.5,murmur@0.7")
     parser.add_argument("--rescore", type=Path, default=None, metavar="RESULTS_JSON",
                         help="run nothing: score an earlier run's results.json again and write the table and plots to --out")
     args = parser.parse_args(argv)
@@ -465,6 +484,8 @@ def main(argv: list[str] | None = None) -> int:
             config["max_s"].setdefault(t, DEFAULT["max_s"][t])
     if args.mixes:
         config["mixes"] = {t: args.mixes.split(",") for t in config["tasks"]}
+    if args.methods:
+        config["runs"] = [_method_arg(m) for m in args.methods.split(",")]
     if args.seeds:
         config["seeds"] = list(range(args.seeds))
     run_bench(config, args.out)
