@@ -64,7 +64,7 @@ TASKS = {
     # A charlm step computes for ~24 ms on one core: at 80 ms the headline mix keeps ~0.8 of the 2 cores
     # busy training (at 40 ms it needed 1.65 and the emulated devices fell ~20 % behind their speeds).
     "charlm": {"step_time": 80.0, "target": 2.5, "metric": "loss", "higher": False, "max_s": 120.0,
-               "lr_scale": {}, "local_steps": 8},
+               "lr_scale": {"sync-proportional": 2.0}, "local_steps": 8},
 }
 METHODS = ["sync-equal", "sync-proportional", "diloco", "murmur-uniform", "murmur-work", "murmur"]
 # What each Murmur method tells `murmur run` beyond the workload; `murmur` keeps every default.
@@ -391,11 +391,12 @@ def summarize(results: list[dict]) -> str:
 
 
 def choose_lr(results: list[dict]) -> dict[str, dict[str, float]]:
-    """Per task and method, the swept scale with the best median time to target (then metric at equal samples)."""
+    """Per task and swept method, the scale with the best median time to target (then metric at equal samples)."""
     chosen: dict[str, dict[str, float]] = {}
     for task in sorted({r["task"] for r in results}):
         higher = TASKS[task]["higher"]
-        for method in SWEEP_METHODS:
+        swept = {r["method"] for r in results if r["task"] == task and r["method"] != "ideal"}
+        for method in [m for m in [*METHODS, *MURMUR_ARGS] if m in swept]:
             scores = []
             for scale in sorted({r["lr_scale"] for r in results if (r["task"], r["method"]) == (task, method)}):
                 rs = [r for r in results if (r["task"], r["method"], r["lr_scale"]) == (task, method, scale)]
