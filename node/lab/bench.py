@@ -31,7 +31,6 @@ markdown table to `--out`.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import multiprocessing
 import multiprocessing.forkserver
@@ -43,42 +42,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from node.lab.bench_config import DEFAULT, METHODS, MIXES, MURMUR_ARGS, QUICK, SWEEP, SWEEP_METHODS, SWEEP_SCALES, TASKS
+from node.lab.bench_report import report, rescore, score
 from node.lab.progress import Progress
 from node.lab.swarm import FORK_PRELOAD, ONE_THREAD, ForkedPeer, stop_processes
 from node.lab.sync_baseline import RANK_MODULE, run_sync
 from node.ops.node import METRICS_FILE
 from node.ops.status import StatusUnavailable, load_status
 
-MIXES = {
-    "homogeneous": [1.0, 1.0, 1.0, 1.0],
-    "mild": [1.0, 1.0, 1.0, 2.0],
-    "headline": [1.0, 1.0, 2.0, 4.0],
-    "extreme": [1.0, 1.0, 1.0, 10.0],
-    "pair": [1.0, 2.0],  # the smallest swarm, for the harness test
-}
-# Fixed workloads; step_time pads every step to S x step_time ms per 32 samples. `lr_scale`: each
-# method's learning-rate multiplier, from `--sweep-lr` (methods not listed train at 1); `local_steps`: diloco's H.
-TASKS = {
-    "digits": {"step_time": 20.0, "target": 0.95, "metric": "accuracy", "higher": True, "max_s": 120.0,
-               "lr_scale": {}, "local_steps": 8},
-    # A charlm step computes for ~24 ms on one core: at 80 ms the headline mix keeps ~0.8 of the 2 cores
-    # busy training (at 40 ms it needed 1.65 and the emulated devices fell ~20 % behind their speeds).
-    "charlm": {"step_time": 80.0, "target": 2.5, "metric": "loss", "higher": False, "max_s": 120.0,
-               "lr_scale": {}, "local_steps": 8},
-}
-METHODS = ["sync-equal", "sync-proportional", "diloco", "murmur-uniform", "murmur-work", "murmur"]
-# What each Murmur method tells `murmur run` beyond the workload; `murmur` keeps every default.
-MURMUR_ARGS = {
-    "murmur-uniform": ["--merge", "average", "--weighting", "uniform"],
-    "murmur-work": ["--merge", "average", "--weighting", "work"],
-    "murmur": [],
-}
-SWEEP_METHODS = ["sync-equal", "murmur"]
-SWEEP_SCALES = [0.25, 0.5, 1.0, 2.0]  # ×2 grid around each task's own learning rate
-DEFAULT = {"tasks": ["digits", "charlm"], "mixes": {"digits": ["homogeneous", "mild", "headline", "extreme"], "charlm": ["headline"]}, "seeds": [0, 1, 2], "max_s": {"digits": 25.0, "charlm": 60.0}}
-QUICK = {"tasks": ["digits"], "mixes": {"digits": ["headline"]}, "seeds": [0], "max_s": {"digits": 20.0}}
-SWEEP = {"tasks": ["charlm", "digits"], "mixes": {"charlm": ["headline"], "digits": ["headline"]}, "seeds": [0, 1],
-         "max_s": DEFAULT["max_s"], "runs": [(m, s) for s in SWEEP_SCALES for m in SWEEP_METHODS]}
 START_MARGIN_S = 0.3  # from the start file's writing to the start time it holds: every peer reads it in time
 
 
@@ -242,17 +213,6 @@ def run_method(task: str, slowdowns: list[float], method: str, seed: int, max_s:
     return result
 
 
-def _at_samples(result: dict, metric: str, samples: float) -> float | None:
-    """The metric when the run had processed `samples` in all (linear between evaluations), or None beyond its end."""
-    curve = result["curve"]
-    for before, after in itertools.pairwise(curve):
-        if before["samples"] <= samples <= after["samples"]:
-            span = after["samples"] - before["samples"]
-            share = (samples - before["samples"]) / span if span else 1.0
-            return before[metric] + share * (after[metric] - before[metric])
-    return None
-
-
 def run_bench(config: dict, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     # One fork server, started now with everything both kinds of run import: Murmur peers
@@ -291,154 +251,6 @@ def _bench_task(task: str, config: dict, runs: list, out: Path, progress: Progre
                       f"max idle={max(p['idle_fraction'] for p in g['peers']):.1%} {TASKS[task]['metric']} at equal samples={g['metric_at_equal_samples']}", flush=True)
             results += group
             (out / "results.json").write_text(json.dumps({"config": config, "results": results}, indent=1))
-
-
-def score(group: list[dict]) -> list[dict]:
-    """Add % of ideal and the metric at equal samples to one task, seed and mix's runs (ideal first)."""
-    metric = TASKS[group[0]["task"]]["metric"]
-    ideal = next(g["samples_per_s"] for g in group if g["method"] == "ideal")
-    # Equal samples: as many as sync-equal needed to reach its target (a method that stopped before has none);
-    # in a sweep, the best-tuned sync-equal's.
-    syncs = [g for g in group if g["method"] == "sync-equal" and g["curve"]]
-    best = min(syncs, key=lambda g: g.get("time_to_target") or float("inf"), default=None)
-    budget = best["curve"][-1]["samples"] if best else None
-    for g in group:
-        g.setdefault("label", g["method"])
-        g["pct_of_ideal"] = g["samples_per_s"] / ideal if ideal else None
-        g["metric_at_equal_samples"] = _at_samples(g, metric, budget) if budget and g["method"] != "ideal" else None
-    return group
-
-
-def report(run: dict, out: Path) -> dict:
-    """Write `run`'s results.json, summary.md and plots under `out`, print the summary, return `run`."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(run, indent=1))
-    summary = summarize(run["results"]) + f"\nBenchmark wall time: {run['wall_s'] / 60:.1f} min ({len(run['results'])} runs).\n"
-    if "runs" in run["config"]:  # a sweep: its verdict is what the default run should use
-        run["chosen_lr_scale"] = chosen = choose_lr(run["results"])
-        summary += "\nBest learning rate (median time to target, then metric at equal samples): " + "; ".join(
-            f"{task} {method} {base_lr(task) * scale:.3g} (×{scale:g})" for task, picks in chosen.items() for method, scale in picks.items()
-        ) + ".\n"
-        (out / "results.json").write_text(json.dumps(run, indent=1))
-    (out / "summary.md").write_text(summary)
-    plot(run["results"], out)
-    print(summary)
-    return run
-
-
-def rescore(results_file: Path, out: Path) -> dict:
-    """Score an earlier run's results again (after a change to the scoring) and report them under `out`."""
-    run = json.loads(results_file.read_text())
-    groups: dict[tuple, list[dict]] = {}
-    for r in run["results"]:
-        groups.setdefault((r["task"], r["seed"], r["mix"]), []).append(r)
-    for group in groups.values():
-        score(group)
-    return report(run, out)
-
-
-def _med(values: list[float], digits: int = 2) -> str:
-    """Median and (min–max) of the seeds' values."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return "—"
-    f = f".{digits}f"
-    return format(statistics.median(values), f) + (f" ({min(values):{f}}–{max(values):{f}})" if len(values) > 1 else "")
-
-
-def _labels(results: list[dict]) -> list[str]:
-    """The runs' labels (methods, or sweep points), in the order they ran, ideal last."""
-    labels = list(dict.fromkeys(r.get("label", r["method"]) for r in results if r["method"] != "ideal"))
-    return labels + ["ideal"]
-
-
-def base_lr(task: str) -> float:
-    """The learning rate the task's own optimizer starts with (its first parameter group's)."""
-    from node.learn.tasks import load_task
-
-    spec = load_task(task)
-    return spec.make_optimizer(spec.build_model()).param_groups[0]["lr"]
-
-
-def summarize(results: list[dict]) -> str:
-    lines = ["| task | mix | method | time to target s | vs sync-equal | samples/s | % of ideal | max peer idle | metric at equal samples | lr |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    keys = sorted({(r["task"], r["mix"]) for r in results}, key=lambda k: (k[0], list(MIXES).index(k[1])))
-    for task, mix in keys:
-        lr = base_lr(task)
-        for label in _labels(results):
-            rs = [r for r in results if (r["task"], r["mix"], r.get("label", r["method"])) == (task, mix, label)]
-            if not rs:
-                continue
-            ratios = []
-            for r in rs:
-                syncs = [b for b in results if (b["task"], b["mix"], b["seed"], b["method"]) == (task, mix, r["seed"], "sync-equal")]
-                base = min((b["time_to_target"] for b in syncs if b.get("time_to_target")), default=None)  # the best-tuned
-                if label != "ideal" and base and r.get("time_to_target"):
-                    ratios.append(r["time_to_target"] / base)
-            scale = rs[0].get("lr_scale")
-            lines.append(
-                f"| {task} | {mix} | {label} | {_med([r.get('time_to_target') for r in rs]) if label != 'ideal' else '—'} | {_med(ratios)} | "
-                f"{_med([r['samples_per_s'] for r in rs])} | {_med([r['pct_of_ideal'] for r in rs])} | "
-                f"{_med([max(p['idle_fraction'] for p in r['peers']) for r in rs])} | {_med([r.get('metric_at_equal_samples') for r in rs], 3)} | "
-                f"{f'{lr * scale:.3g} (×{scale:g})' if scale and label != 'ideal' else '—'} |"
-            )
-    return "\n".join(lines) + "\n"
-
-
-def choose_lr(results: list[dict]) -> dict[str, dict[str, float]]:
-    """Per task and method, the swept scale with the best median time to target (then metric at equal samples)."""
-    chosen: dict[str, dict[str, float]] = {}
-    for task in sorted({r["task"] for r in results}):
-        higher = TASKS[task]["higher"]
-        for method in SWEEP_METHODS:
-            scores = []
-            for scale in sorted({r["lr_scale"] for r in results if (r["task"], r["method"]) == (task, method)}):
-                rs = [r for r in results if (r["task"], r["method"], r["lr_scale"]) == (task, method, scale)]
-                ttt = statistics.median(r.get("time_to_target") or float("inf") for r in rs)
-                at_equal = [r["metric_at_equal_samples"] for r in rs if r.get("metric_at_equal_samples") is not None]
-                quality = statistics.median(at_equal) if at_equal else float("nan")
-                scores.append((ttt, -quality if higher else quality, scale))
-            if scores:
-                chosen.setdefault(task, {})[method] = min(scores, key=lambda s: (s[0], s[1] if s[1] == s[1] else float("inf")))[2]
-    return chosen
-
-
-def plot(results: list[dict], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    for task in sorted({r["task"] for r in results}):
-        metric = TASKS[task]["metric"]
-        mixes = [m for m in MIXES if any(r["task"] == task and r["mix"] == m for r in results)]
-        fig, axes = plt.subplots(1, len(mixes), figsize=(5 * len(mixes), 4), squeeze=False)
-        for ax, mix in zip(axes[0], mixes):
-            for j, label in enumerate(_labels(results)[:-1]):
-                for i, r in enumerate(r for r in results if (r["task"], r["mix"], r.get("label", r["method"])) == (task, mix, label)):
-                    ax.plot([c["t"] for c in r["curve"]], [c[metric] for c in r["curve"]], color=f"C{j}",
-                            ls="--" if r["method"].startswith(("sync", "diloco")) else "-", alpha=0.7, label=label if i == 0 else None)
-            ax.axhline(TASKS[task]["target"], color="grey", lw=0.5)
-            ax.set_title(f"{task}, {mix} {MIXES[mix]}")
-            ax.set_xlabel("wall time (s)")
-            ax.set_ylabel(f"median peer held-out {metric}")
-            ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / f"{task}-metric-vs-time.png", dpi=100)
-        plt.close(fig)
-        fig, ax = plt.subplots(figsize=(6, 4))
-        labels = _labels(results)[:-1]
-        width = 0.8 / len(labels)
-        for j, label in enumerate(labels):
-            ys = [statistics.median([r["pct_of_ideal"] for r in results if (r["task"], r["mix"], r.get("label", r["method"])) == (task, m, label)] or [0]) for m in mixes]
-            ax.bar([i + width * j for i in range(len(mixes))], ys, width=width, label=label)
-        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(mixes))], mixes)
-        ax.set_ylabel("throughput, fraction of ideal")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / f"{task}-throughput-vs-ideal.png", dpi=100)
-        plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:

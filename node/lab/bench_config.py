@@ -1,0 +1,32 @@
+"""The benchmark's fixed workloads, speed mixes, methods and run configurations (`murmur bench`)."""
+
+MIXES = {
+    "homogeneous": [1.0, 1.0, 1.0, 1.0],
+    "mild": [1.0, 1.0, 1.0, 2.0],
+    "headline": [1.0, 1.0, 2.0, 4.0],
+    "extreme": [1.0, 1.0, 1.0, 10.0],
+    "pair": [1.0, 2.0],  # the smallest swarm, for the harness test
+}
+# Fixed workloads; step_time pads every step to S x step_time ms per 32 samples. `lr_scale`: each
+# method's learning-rate multiplier, from `--sweep-lr` (methods not listed train at 1); `local_steps`: diloco's H.
+TASKS = {
+    "digits": {"step_time": 20.0, "target": 0.95, "metric": "accuracy", "higher": True, "max_s": 120.0,
+               "lr_scale": {}, "local_steps": 8},
+    # A charlm step computes for ~24 ms on one core: at 80 ms the headline mix keeps ~0.8 of the 2 cores
+    # busy training (at 40 ms it needed 1.65 and the emulated devices fell ~20 % behind their speeds).
+    "charlm": {"step_time": 80.0, "target": 2.5, "metric": "loss", "higher": False, "max_s": 120.0,
+               "lr_scale": {}, "local_steps": 8},
+}
+METHODS = ["sync-equal", "sync-proportional", "diloco", "murmur-uniform", "murmur-work", "murmur"]
+# What each Murmur method tells `murmur run` beyond the workload; `murmur` keeps every default.
+MURMUR_ARGS = {
+    "murmur-uniform": ["--merge", "average", "--weighting", "uniform"],
+    "murmur-work": ["--merge", "average", "--weighting", "work"],
+    "murmur": [],
+}
+SWEEP_METHODS = ["sync-equal", "murmur"]
+SWEEP_SCALES = [0.25, 0.5, 1.0, 2.0]  # ×2 grid around each task's own learning rate
+DEFAULT = {"tasks": ["digits", "charlm"], "mixes": {"digits": ["homogeneous", "mild", "headline", "extreme"], "charlm": ["headline"]}, "seeds": [0, 1, 2], "max_s": {"digits": 25.0, "charlm": 60.0}}
+QUICK = {"tasks": ["digits"], "mixes": {"digits": ["headline"]}, "seeds": [0], "max_s": {"digits": 20.0}}
+SWEEP = {"tasks": ["charlm", "digits"], "mixes": {"charlm": ["headline"], "digits": ["headline"]}, "seeds": [0, 1],
+         "max_s": DEFAULT["max_s"], "runs": [(m, s) for s in SWEEP_SCALES for m in SWEEP_METHODS]}
