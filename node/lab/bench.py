@@ -91,7 +91,7 @@ def run_murmur(
             "run", "--task", task, "--data-dir", str(data_dir), "--listen", f"/ip4/127.0.0.1/tcp/{ports[i]}",
             "--slowdown", str(slowdown), "--step-time", str(spec["step_time"]), "--duration", str(max_s),
             "--start-file", str(start_file), "--shard", str(1000 * seed + i), "--record-params", "--log-level", "WARNING",
-            "--lr-scale", str(lr_scale), *ONE_THREAD,
+            "--lr-scale", str(lr_scale), "--eval-every", str(spec.get("eval_every", 1.0)), *ONE_THREAD,
         ]
         if method == "ideal":
             args += ["--average-every", "1e9"]  # alone: no bootstrap, no exchanges
@@ -207,8 +207,8 @@ def run_method(task: str, slowdowns: list[float], method: str, seed: int, max_s:
         result = run_murmur(task, slowdowns, method, seed, max_s, root, scale)
     else:  # the synchronous baselines: their ranks run one thread each, like the peers
         mode = "diloco" if method == "diloco" else method.removeprefix("sync-")
-        result = run_sync(task, slowdowns, mode, max_s, spec["step_time"], spec["target"], seed=seed, lr_scale=scale,
-                          local_steps=spec["local_steps"])
+        result = run_sync(task, slowdowns, mode, max_s, spec["step_time"], spec["target"], spec.get("eval_every", 1.0),
+                          seed=seed, lr_scale=scale, local_steps=spec["local_steps"])
     result["lr_scale"] = scale
     return result
 

@@ -8,7 +8,8 @@ MIXES = {
     "pair": [1.0, 2.0],  # the smallest swarm, for the harness test
 }
 # Fixed workloads; step_time pads every step to S x step_time ms per 32 samples. `lr_scale`: each
-# method's learning-rate multiplier, from `--sweep-lr` (methods not listed train at 1); `local_steps`: diloco's H.
+# method's learning-rate multiplier, from `--sweep-lr` (methods not listed train at 1); `local_steps`: diloco's H;
+# `eval_every`: seconds between held-out evaluations (default 1).
 TASKS = {
     "digits": {"step_time": 20.0, "target": 0.95, "metric": "accuracy", "higher": True, "max_s": 120.0,
                "lr_scale": {}, "local_steps": 8},
@@ -16,6 +17,15 @@ TASKS = {
     # busy training (at 40 ms it needed 1.65 and the emulated devices fell ~20 % behind their speeds).
     "charlm": {"step_time": 80.0, "target": 2.5, "metric": "loss", "higher": False, "max_s": 120.0,
                "lr_scale": {}, "local_steps": 8},
+    # 2.15M parameters (8.6 MB of float32), the slow-link task. A step computes for ~410 ms on one thread (best of
+    # 40, measured on the shared 2-core machine): at 1250 ms the headline mix keeps ~0.9 of the 2 cores busy
+    # training (0.41 x (1 + 1 + 1/2 + 1/4) / 1.25). An evaluation (128 windows of 64 bytes) computes for ~0.6-1 s,
+    # so every peer evaluates every 6 s, not every second. One sync-proportional run on loopback reached loss 3.0
+    # after ~52 s (2.91 at 112 s; `python -m node.lab.sync_baseline --task charlm-large --slowdowns 1,1,2,4
+    # --mode proportional --step-time-ms 1250 --duration 110 --eval-every 5`, on a busy machine).
+    # diloco syncs every 4 steps: over a 20 Mbit/s link one all-reduce of 8.6 MB takes ~5 s.
+    "charlm-large": {"step_time": 1250.0, "target": 3.0, "metric": "loss", "higher": False, "max_s": 120.0,
+                     "lr_scale": {}, "local_steps": 4, "eval_every": 6.0},
 }
 METHODS = ["sync-equal", "sync-proportional", "diloco", "murmur-uniform", "murmur-work", "murmur"]
 # What each Murmur method tells `murmur run` beyond the workload; `murmur` keeps every default.

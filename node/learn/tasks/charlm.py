@@ -159,13 +159,15 @@ class CharLMTask:
     name = "charlm"
     metric = Metric("loss", False)
     batch_size = 32
+    config = GPTConfig()  # a bigger model on the same bytes is a subclass with another config
+    eval_windows = EVAL_WINDOWS
 
     def __init__(self) -> None:
-        self.cfg = GPTConfig()
+        self.cfg = self.config
         self._train, held_out = _corpus()
         # Fixed, evenly spaced held-out windows: every peer scores the same data.
         last = len(held_out) - self.cfg.block_size - 1
-        starts = torch.linspace(0, last, EVAL_WINDOWS).long()
+        starts = torch.linspace(0, last, self.eval_windows).long()
         self._eval = _windows(held_out, starts, self.cfg.block_size)
 
     def build_model(self) -> nn.Module:
@@ -213,5 +215,5 @@ class CharLMTask:
                     total += self.loss(model, (x.to(device), y.to(device))).item() * len(x)
         finally:
             model.train(was_training)
-        loss = total / EVAL_WINDOWS
+        loss = total / self.eval_windows
         return {"loss": loss, "bits_per_byte": loss / math.log(2)}
