@@ -26,6 +26,14 @@ markdown table to `--out`.
     murmur bench --quick            # ~50 s: digits, headline mix, 1 seed
     murmur bench                    # default (see DEFAULT below), measured 14.4 min on 2 cores
     murmur bench --sweep-lr         # learning-rate sweep of sync-equal and murmur (separate run)
+    murmur bench --link-mbit 20     # slow links (SLOW_LINK): charlm-large, every peer capped at 20 Mbit/s (root)
+    murmur bench --link-mbit 100,50,20,10   # the same with one cap per peer, in peer order (SLOW_LINK_UNEVEN)
+
+Slow links (`--link-mbit`, `node.lab.links`): every Murmur peer and every sync or diloco rank runs in its
+own network namespace on a veth pair capped with `tc tbf`; the peers listen on their namespace's address and
+bootstrap to peer 0's, the ranks' gloo binds to the capped veth. Each run builds its namespaces and removes
+them (with every process in them) when it ends, fails or is interrupted. Peers and ranks start as fresh
+programs there (a fork server cannot hand a child to another namespace); start-up stays excluded.
 """
 
 from __future__ import annotations
@@ -37,15 +45,37 @@ import multiprocessing.forkserver
 import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from node.lab.bench_config import DEFAULT, METHODS, MIXES, MURMUR_ARGS, QUICK, SWEEP, SWEEP_METHODS, SWEEP_SCALES, TASKS
+from node.lab.bench_config import (
+    DEFAULT,
+    METHODS,
+    MIXES,
+    MURMUR_ARGS,
+    QUICK,
+    SLOW_LINK,
+    SWEEP,
+    SWEEP_METHODS,
+    SWEEP_SCALES,
+    TASKS,
+)
 from node.lab.bench_report import report, rescore, score
+from node.lab.links import (
+    LinkSpecError,
+    LinksUnavailable,
+    caps_for,
+    links_unavailable_reason,
+    parse_link_mbit,
+    peer_links,
+)
+from node.lab.netns import Netns
 from node.lab.progress import Progress
-from node.lab.swarm import FORK_PRELOAD, ONE_THREAD, ForkedPeer, stop_processes
+from node.lab.swarm import FORK_PRELOAD, ONE_THREAD, ForkedPeer, murmur_command, peer_environment, stop_processes
 from node.lab.sync_baseline import RANK_MODULE, run_sync
 from node.ops.node import METRICS_FILE
 from node.ops.status import StatusUnavailable, load_status
@@ -71,12 +101,14 @@ def _reached(value: float, target: float, higher: bool) -> bool:
 
 
 def run_murmur(
-    task: str, slowdowns: list[float], method: str, seed: int, max_s: float, root: Path, lr_scale: float = 1.0
+    task: str, slowdowns: list[float], method: str, seed: int, max_s: float, root: Path, lr_scale: float = 1.0,
+    links: list[Netns] | None = None,
 ) -> dict[str, Any]:
     """Run one swarm of Murmur `method` (or, with `method="ideal"`, lone peers); return its results.
 
     Peers join first; once every peer is ready (status phase "waiting", knowing all the
-    others) the start file tells them all one start time, t=0 of the run.
+    others) the start file tells them all one start time, t=0 of the run. With `links`
+    (one namespace per peer) peer i runs in `links[i]`, listening on its address.
     """
     spec = TASKS[task]
     shutil.rmtree(root, ignore_errors=True)  # a peer would resume from an earlier run's checkpoint
@@ -84,11 +116,12 @@ def run_murmur(
     ports = [_free_port() for _ in slowdowns]
     dirs = [root / f"peer-{i}" for i in range(len(slowdowns))]
     start_file = root / "start-at"
-    first = f"/ip4/127.0.0.1/tcp/{ports[0]}/p2p/{_peer_id(dirs[0])}"
+    hosts = [ns.address for ns in links] if links else ["127.0.0.1"] * len(slowdowns)
+    first = f"/ip4/{hosts[0]}/tcp/{ports[0]}/p2p/{_peer_id(dirs[0])}"
     procs = []
     for i, (slowdown, data_dir) in enumerate(zip(slowdowns, dirs)):
         args = [
-            "run", "--task", task, "--data-dir", str(data_dir), "--listen", f"/ip4/127.0.0.1/tcp/{ports[i]}",
+            "run", "--task", task, "--data-dir", str(data_dir), "--listen", f"/ip4/{hosts[i]}/tcp/{ports[i]}",
             "--slowdown", str(slowdown), "--step-time", str(spec["step_time"]), "--duration", str(max_s),
             "--start-file", str(start_file), "--shard", str(1000 * seed + i), "--record-params", "--log-level", "WARNING",
             "--lr-scale", str(lr_scale), "--eval-every", str(spec.get("eval_every", 1.0)), *ONE_THREAD,
@@ -98,10 +131,11 @@ def run_murmur(
         else:
             args += MURMUR_ARGS[method] + (["--bootstrap", first] if i else [])
         data_dir.mkdir(exist_ok=True)  # peer 0 has its key already
-        procs.append(ForkedPeer(args, data_dir / "log.txt"))
+        procs.append(_start_peer(args, data_dir / "log.txt", links[i] if links else None))
     try:
         joined = time.monotonic()
-        _wait_until_ready(procs, dirs, others=0 if method == "ideal" else len(slowdowns) - 1)
+        # Fresh programs in namespaces import torch each, 4 at once on 2 cores, and pull the model over their links.
+        _wait_until_ready(procs, dirs, others=0 if method == "ideal" else len(slowdowns) - 1, timeout=180.0 if links else 60.0)
         start_at = time.time() + START_MARGIN_S
         (root / "start-at.tmp").write_text(repr(start_at))
         (root / "start-at.tmp").replace(start_file)
@@ -118,6 +152,14 @@ def run_murmur(
     result = _murmur_result(task, slowdowns, method, dirs, start_at, codes)
     result["startup_s"] = startup_s
     return result
+
+
+def _start_peer(args: list[str], log_path: Path, ns: Netns | None) -> ForkedPeer | subprocess.Popen:
+    """`murmur run ARGS`: forked from the preloaded server on loopback, a fresh program inside namespace `ns`."""
+    if ns is None:
+        return ForkedPeer(args, log_path)
+    with log_path.open("w") as log:
+        return ns.popen(murmur_command() + args, stdout=log, stderr=subprocess.STDOUT, env=peer_environment())
 
 
 def _wait_until_ready(procs: list[ForkedPeer], dirs: list[Path], others: int, timeout: float = 60.0) -> None:
@@ -197,23 +239,44 @@ def _murmur_result(task: str, slowdowns: list[float], method: str, dirs: list[Pa
     }
 
 
-def run_method(task: str, slowdowns: list[float], method: str, seed: int, max_s: float, root: Path, lr_scale: float | None = None) -> dict:
-    """Run one method (or the ideal) on the task's workload at `lr_scale` (default: the task's chosen scale)."""
+def run_method(
+    task: str, slowdowns: list[float], method: str, seed: int, max_s: float, root: Path, lr_scale: float | None = None,
+    link_mbit: list[float] | None = None,
+) -> dict:
+    """Run one method (or the ideal) on the task's workload at `lr_scale` (default: the task's chosen scale).
+
+    With `link_mbit` (one cap per peer) the run gets its own capped namespaces (`node.lab.links.peer_links`),
+    removed when it ends; the result records the caps under "link_mbit" (None on loopback).
+    """
     spec = TASKS[task]
     scale = spec["lr_scale"].get(method, 1.0) if lr_scale is None else lr_scale
-    if method == "ideal":
-        result = run_murmur(task, slowdowns, method, seed, 6.0, root)
-    elif method in MURMUR_ARGS:
-        result = run_murmur(task, slowdowns, method, seed, max_s, root, scale)
-    else:  # the synchronous baselines: their ranks run one thread each, like the peers
-        mode = "diloco" if method == "diloco" else method.removeprefix("sync-")
-        result = run_sync(task, slowdowns, mode, max_s, spec["step_time"], spec["target"], spec.get("eval_every", 1.0),
-                          seed=seed, lr_scale=scale, local_steps=spec["local_steps"])
+    with peer_links(link_mbit) if link_mbit else nullcontext() as links:
+        if method == "ideal":
+            result = run_murmur(task, slowdowns, method, seed, max(6.0, 2 * spec.get("eval_every", 1.0)), root, links=links)
+        elif method in MURMUR_ARGS:
+            result = run_murmur(task, slowdowns, method, seed, max_s, root, scale, links=links)
+        else:  # the synchronous baselines: their ranks run one thread each, like the peers
+            mode = "diloco" if method == "diloco" else method.removeprefix("sync-")
+            result = run_sync(task, slowdowns, mode, max_s, spec["step_time"], spec["target"], spec.get("eval_every", 1.0),
+                              seed=seed, lr_scale=scale, local_steps=spec["local_steps"], links=links, work_dir=root)
     result["lr_scale"] = scale
+    result["link_mbit"] = link_mbit
     return result
 
 
 def run_bench(config: dict, out: Path) -> dict:
+    """Run `config` (DEFAULT, QUICK, SWEEP, SLOW_LINK or alike) and report it under `out`; return the report.
+
+    A config with "link_mbit" runs over capped links; raises `LinksUnavailable` (before running anything)
+    when this machine cannot build them, `LinkSpecError` when the caps do not fit a mix.
+    """
+    if config.get("link_mbit"):
+        reason = links_unavailable_reason()
+        if reason is not None:
+            raise LinksUnavailable(reason)
+        for task in config["tasks"]:
+            for mix in config["mixes"][task]:
+                caps_for(config["link_mbit"], len(MIXES[mix]))
     out.mkdir(parents=True, exist_ok=True)
     # One fork server, started now with everything both kinds of run import: Murmur peers
     # and sync ranks then start in about a second (start-up is excluded from the measurements).
@@ -221,7 +284,7 @@ def run_bench(config: dict, out: Path) -> dict:
     multiprocessing.forkserver.ensure_running()
     bench_began = time.monotonic()
     results: list[dict] = []
-    runs = [("ideal", None), *config.get("runs", [(m, None) for m in METHODS])]
+    runs = [("ideal", None), *config.get("runs", [(m, None) for m in config.get("methods", METHODS)])]
     total = sum(len(config["seeds"]) * len(config["mixes"][t]) * len(runs) for t in config["tasks"])
     with Progress(total=total, label="murmur bench") as progress:
         for task in config["tasks"]:
@@ -235,14 +298,15 @@ def _bench_task(task: str, config: dict, runs: list, out: Path, progress: Progre
         for mix in config["mixes"][task]:
             slowdowns = MIXES[mix]
             max_s = config["max_s"][task]
+            caps = caps_for(config["link_mbit"], len(slowdowns)) if config.get("link_mbit") else None
             group = []
             # The ideal is calibrated for every seed, next to the runs it is compared with.
             for method, scale in runs:
                 label = method if scale is None else f"{method}@lr×{scale:g}"
-                print(f"[bench] {task} seed {seed} {mix} {slowdowns}: {label}", flush=True)
+                print(f"[bench] {task} seed {seed} {mix} {slowdowns}{f' links {caps} Mbit/s' if caps else ''}: {label}", flush=True)
                 progress.start(f"{task} {mix} seed {seed}: {label}")
                 began = time.monotonic()
-                r = run_method(task, slowdowns, method, seed, max_s, out / "runs" / f"{task}-{mix}-s{seed}-{label}", scale)
+                r = run_method(task, slowdowns, method, seed, max_s, out / "runs" / f"{task}-{mix}-s{seed}-{label}", scale, caps)
                 r.update(mix=mix, seed=seed, label=label, run_wall_s=time.monotonic() - began)  # start-up and teardown included
                 group.append(r)
                 progress.advance()
@@ -251,6 +315,13 @@ def _bench_task(task: str, config: dict, runs: list, out: Path, progress: Progre
                       f"max idle={max(p['idle_fraction'] for p in g['peers']):.1%} {TASKS[task]['metric']} at equal samples={g['metric_at_equal_samples']}", flush=True)
             results += group
             (out / "results.json").write_text(json.dumps({"config": config, "results": results}, indent=1))
+
+
+def _link_mbit(text: str) -> list[float]:
+    try:
+        return parse_link_mbit(text)
+    except LinkSpecError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--link-mbit: ")) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -263,23 +334,44 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep-lr", action="store_true",
                         help=f"run {SWEEP_METHODS} at learning-rate scales {SWEEP_SCALES} instead and print the best of each "
                              "(default: charlm and digits, headline mix, 2 seeds)")
+    parser.add_argument("--link-mbit", type=_link_mbit, default=None, metavar="MBIT[,MBIT...]",
+                        help="slow links: cap every peer's link at MBIT Mbit/s, or each peer's in peer order (100,50,20,10); "
+                             "one network namespace per peer and rank (needs root). Without --tasks/--mixes/--seeds it runs "
+                             "SLOW_LINK: charlm-large, headline mix, 3 seeds")
     parser.add_argument("--rescore", type=Path, default=None, metavar="RESULTS_JSON",
                         help="run nothing: score an earlier run's results.json again and write the table and plots to --out")
     args = parser.parse_args(argv)
     if args.rescore:
         rescore(args.rescore, args.out)
         return 0
-    config = json.loads(json.dumps(QUICK if args.quick else SWEEP if args.sweep_lr else DEFAULT))
+    base = QUICK if args.quick else SWEEP if args.sweep_lr else SLOW_LINK if args.link_mbit else DEFAULT
+    config = json.loads(json.dumps(base))
+    if args.link_mbit:
+        config["link_mbit"] = args.link_mbit
     if args.tasks:
         config["tasks"] = args.tasks.split(",")
+        unknown = [t for t in config["tasks"] if t not in TASKS]
+        if unknown:
+            parser.error(f"unknown task(s) {unknown}; choose from {list(TASKS)}")
         for t in config["tasks"]:
             config["mixes"].setdefault(t, ["headline"])
-            config["max_s"].setdefault(t, DEFAULT["max_s"][t])
+            config["max_s"].setdefault(t, DEFAULT["max_s"].get(t, TASKS[t]["max_s"]))
     if args.mixes:
         config["mixes"] = {t: args.mixes.split(",") for t in config["tasks"]}
     if args.seeds:
         config["seeds"] = list(range(args.seeds))
-    run_bench(config, args.out)
+    if args.link_mbit:
+        for t in config["tasks"]:
+            for mix in config["mixes"][t]:
+                try:
+                    caps_for(args.link_mbit, len(MIXES[mix]))
+                except LinkSpecError as e:
+                    parser.error(f"{e} (mix {mix!r})")
+    try:
+        run_bench(config, args.out)
+    except LinksUnavailable as e:
+        print(f"murmur bench: skipped, slow links need network namespaces: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

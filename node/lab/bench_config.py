@@ -40,3 +40,10 @@ DEFAULT = {"tasks": ["digits", "charlm"], "mixes": {"digits": ["homogeneous", "m
 QUICK = {"tasks": ["digits"], "mixes": {"digits": ["headline"]}, "seeds": [0], "max_s": {"digits": 20.0}}
 SWEEP = {"tasks": ["charlm", "digits"], "mixes": {"charlm": ["headline"], "digits": ["headline"]}, "seeds": [0, 1],
          "max_s": DEFAULT["max_s"], "runs": [(m, s) for s in SWEEP_SCALES for m in SWEEP_METHODS]}
+# Slow links (`murmur bench --link-mbit`, root): the 2M-parameter LM over capped links, the baselines over the same
+# links. Murmur runs with its own exchange cadence; nothing is tuned per link. The uneven variant gives each peer of
+# the headline mix its own cap, in peer order (`--link-mbit 100,50,20,10`).
+SLOW_LINK = {"tasks": ["charlm-large"], "mixes": {"charlm-large": ["headline"]}, "seeds": [0, 1, 2],
+             "max_s": {"charlm-large": 120.0}, "methods": ["sync-equal", "sync-proportional", "diloco", "murmur-work", "murmur"],
+             "link_mbit": [20.0]}
+SLOW_LINK_UNEVEN = {**SLOW_LINK, "link_mbit": [100.0, 50.0, 20.0, 10.0]}

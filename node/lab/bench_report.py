@@ -89,8 +89,17 @@ def base_lr(task: str) -> float:
     return spec.make_optimizer(spec.build_model()).param_groups[0]["lr"]
 
 
+def _links_line(results: list[dict]) -> list[str]:
+    """The line naming the link caps of runs over slow links (none on loopback)."""
+    caps = list(dict.fromkeys(tuple(r["link_mbit"]) for r in results if r.get("link_mbit")))
+    if not caps:
+        return []
+    named = "; ".join(", ".join(f"{c:g}" for c in cap) for cap in caps)
+    return [f"Links capped at {named} Mbit/s (per peer, in peer order; tc tbf, one network namespace per peer and rank).", ""]
+
+
 def summarize(results: list[dict]) -> str:
-    lines = ["| task | mix | method | time to target s | vs sync-equal | samples/s | % of ideal | max peer idle | metric at equal samples | lr |",
+    lines = _links_line(results) + ["| task | mix | method | time to target s | vs sync-equal | samples/s | % of ideal | max peer idle | metric at equal samples | lr |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     keys = sorted({(r["task"], r["mix"]) for r in results}, key=lambda k: (k[0], list(MIXES).index(k[1])))
     for task, mix in keys:
