@@ -99,7 +99,7 @@ def test_smallest_slow_link_bench_runs_every_method_over_capped_links_and_leaves
     reason = links_unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
-    config = {"tasks": ["digits"], "mixes": {"digits": ["pair"]}, "seeds": [0], "max_s": {"digits": 3.0},
+    config = {"tasks": ["digits"], "mixes": {"digits": ["pair"]}, "seeds": [0], "max_s": {"digits": 2.5},
               "methods": SLOW_LINK["methods"], "link_mbit": [20.0]}
     bench.run_bench(config, tmp_path)
 

@@ -335,8 +335,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", required=True, help="the run's Config as JSON")
     parser.add_argument("--out", required=True, help="write the rank's result JSON here")
     args = parser.parse_args(argv)
-    fields = json.loads(args.config)
-    run_rank(args.rank, Config(**{**fields, "slowdowns": tuple(fields["slowdowns"])}), args.out)
+    run_rank(args.rank, config_from_json(args.config), args.out)
+
+
+def config_from_json(text: str) -> Config:
+    """The `Config` that `json.dumps(asdict(config))` wrote (JSON has no tuples); raises TypeError on unknown fields."""
+    fields = json.loads(text)
+    return Config(**{**fields, "slowdowns": tuple(fields["slowdowns"])})
 
 
 if __name__ == "__main__":
