@@ -42,8 +42,9 @@ SWEEP = {"tasks": ["charlm", "digits"], "mixes": {"charlm": ["headline"], "digit
          "max_s": DEFAULT["max_s"], "runs": [(m, s) for s in SWEEP_SCALES for m in SWEEP_METHODS]}
 # Slow links (`murmur bench --link-mbit`, root): the 2M-parameter LM over capped links, the baselines over the same
 # links. Murmur runs with its own exchange cadence; nothing is tuned per link. The uneven variant gives each peer of
-# the headline mix its own cap, in peer order (`--link-mbit 100,50,20,10`).
+# the headline mix its own cap, in peer order (`--link-mbit 100,50,20,10`). 180 s: at 20 Mbit/s one all-reduce of the
+# 8.6 MB model takes ~5 s, so the synchronous baselines need ~2-3 minutes to reach charlm-large's target.
 SLOW_LINK = {"tasks": ["charlm-large"], "mixes": {"charlm-large": ["headline"]}, "seeds": [0, 1, 2],
-             "max_s": {"charlm-large": 120.0}, "methods": ["sync-equal", "sync-proportional", "diloco", "murmur-work", "murmur"],
+             "max_s": {"charlm-large": 180.0}, "methods": ["sync-equal", "sync-proportional", "diloco", "murmur-work", "murmur"],
              "link_mbit": [20.0]}
 SLOW_LINK_UNEVEN = {**SLOW_LINK, "link_mbit": [100.0, 50.0, 20.0, 10.0]}
