@@ -278,10 +278,11 @@ def run_bench(config: dict, out: Path) -> dict:
             for mix in config["mixes"][task]:
                 caps_for(config["link_mbit"], len(MIXES[mix]))
     out.mkdir(parents=True, exist_ok=True)
-    # One fork server, started now with everything both kinds of run import: Murmur peers
-    # and sync ranks then start in about a second (start-up is excluded from the measurements).
-    multiprocessing.get_context("forkserver").set_forkserver_preload([RANK_MODULE, *FORK_PRELOAD])
-    multiprocessing.forkserver.ensure_running()
+    if not config.get("link_mbit"):  # over links every peer and rank starts as its own program instead
+        # One fork server, started now with everything both kinds of run import: Murmur peers
+        # and sync ranks then start in about a second (start-up is excluded from the measurements).
+        multiprocessing.get_context("forkserver").set_forkserver_preload([RANK_MODULE, *FORK_PRELOAD])
+        multiprocessing.forkserver.ensure_running()
     bench_began = time.monotonic()
     results: list[dict] = []
     runs = [("ideal", None), *config.get("runs", [(m, None) for m in config.get("methods", METHODS)])]
