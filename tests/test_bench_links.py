@@ -121,3 +121,63 @@ def test_smallest_slow_link_bench_runs_every_method_over_capped_links_and_leaves
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"mb{os.getpid()}-" not in namespaces
     assert _leftovers(tmp_path) == []
+
+
+class _Exited:
+    """A stand-in process that has already failed: the run stops at once, after recording how it was started."""
+
+    pid, returncode = 0, 1
+
+    def poll(self) -> int:
+        return 1
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 1
+
+    def terminate(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+class _Namespace:
+    """A stand-in `Netns` that records what would be started in it."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.started: list[tuple[list[str], dict]] = []
+
+    def popen(self, argv: list[str], **kwargs) -> _Exited:
+        self.started.append((argv, kwargs))
+        return _Exited()
+
+
+def test_over_links_peers_listen_on_their_namespace_address_and_bootstrap_to_peer_zeros(tmp_path: Path) -> None:
+    from node.lab.swarm import murmur_command
+    from node.ops.run import build_run_parser
+
+    links = [_Namespace("10.9.0.1"), _Namespace("10.9.0.2")]
+    with pytest.raises(RuntimeError, match="peer 0 exited"):
+        bench.run_murmur("charlm-large", [1.0, 2.0], "murmur", 0, 5.0, tmp_path / "run", links=links)
+    argvs = [ns.started[0][0] for ns in links]
+    assert all(argv[: len(murmur_command()) + 1] == [*murmur_command(), "run"] for argv in argvs)
+    args = [build_run_parser().parse_args(argv[len(murmur_command()) + 1:]) for argv in argvs]
+    assert [a.listen[0].split("/tcp/")[0] for a in args] == ["/ip4/10.9.0.1", "/ip4/10.9.0.2"]
+    assert args[0].bootstrap == [] and args[1].bootstrap[0].startswith(f"{args[0].listen[0]}/p2p/")
+    assert [a.eval_every for a in args] == [6.0, 6.0] and [a.threads for a in args] == [1, 1]
+    # `murmur` keeps Murmur's own exchange cadence: the bench passes nothing about it
+    assert all("--average-every" not in argv and "--merge" not in argv for argv in argvs)
+
+
+def test_over_links_ranks_rendezvous_at_rank_zeros_address_and_bind_gloo_to_the_capped_veth(tmp_path: Path) -> None:
+    from node.lab.sync_baseline import RankFailed, run_sync
+    from node.lab.sync_rank import config_from_json
+
+    links = [_Namespace("10.9.0.1"), _Namespace("10.9.0.2")]
+    with pytest.raises(RankFailed, match="rank 0 failed"):
+        run_sync("digits", [1.0, 2.0], "diloco", 3.0, 10.0, None, links=links, work_dir=tmp_path)
+    for rank, ns in enumerate(links):
+        (argv, kwargs), = ns.started
+        assert argv[1:5] == ["-m", "node.lab.sync_rank", "--rank", str(rank)]
+        assert kwargs["env"]["GLOO_SOCKET_IFNAME"] == "eth0"
+        cfg = config_from_json(argv[argv.index("--config") + 1])
+        assert (cfg.store_host, cfg.store_on_rank0, cfg.mode) == ("10.9.0.1", True, "diloco")
