@@ -337,8 +337,8 @@ def main(argv: list[str] | None = None) -> int:
                              "(default: charlm and digits, headline mix, 2 seeds)")
     parser.add_argument("--link-mbit", type=_link_mbit, default=None, metavar="MBIT[,MBIT...]",
                         help="slow links: cap every peer's link at MBIT Mbit/s, or each peer's in peer order (100,50,20,10); "
-                             "one network namespace per peer and rank (needs root). Without --tasks/--mixes/--seeds it runs "
-                             "SLOW_LINK: charlm-large, headline mix, 3 seeds")
+                             "one network namespace per peer and rank (needs root). Runs SLOW_LINK (charlm-large, headline mix, "
+                             "3 seeds; --tasks/--mixes/--seeds change it)")
     parser.add_argument("--rescore", type=Path, default=None, metavar="RESULTS_JSON",
                         help="run nothing: score an earlier run's results.json again and write the table and plots to --out")
     args = parser.parse_args(argv)
