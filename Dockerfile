@@ -33,7 +33,7 @@ RUN apt-get update \
     && apt-mark manual libgmp10 \
     && apt-get purge -y --auto-remove build-essential libgmp-dev \
     && rm -rf /var/lib/apt/lists/* \
-    && python -c "import torch, fastecdsa.curve, node.cli; assert torch.version.cuda, 'base image torch has no CUDA'"
+    && python -c "import torch, fastecdsa.curve, murmur.node.cli; assert torch.version.cuda, 'base image torch has no CUDA'"
 
 RUN useradd --create-home --uid 10001 murmur \
     && mkdir /data && chown murmur:murmur /data

@@ -4,7 +4,7 @@ The peer runs an ordinary Murmur node (the one `murmur run` runs: Noise, validat
 screening, bans, checkpoints, state sync, status file, metrics) on a background thread
 with its own Trio event loop. Your thread keeps the model: the node's snapshots, merges
 and checkpoints wait for your next `peer.step()`, which runs them between two of your
-steps (`node.learn.user_loop`). `peer.step()` itself never waits on the network.
+steps (`murmur.node.learn.user_loop`). `peer.step()` itself never waits on the network.
 
     with murmur.Peer(model, optimizer, run_id="my-run", bootstrap=[addr]) as peer:
         for batch in loader:
@@ -30,14 +30,21 @@ import anyio.lowlevel
 import torch
 from torch import nn
 
-from node.averaging.averager import StateSyncRefused
-from node.learn.device import DeviceError, check_mixed_precision, resolve_device
-from node.learn.tasks import BUILTIN_TASKS, load_task
-from node.learn.user_loop import ModelMismatch, StepGate, UserLoopTask, UserLoopTrainer, check_optimizer, model_device
-from node.net.identity import load_or_create_identity
-from node.ops.config import NodeConfig
-from node.ops.node import Node, build_node
-from node.ops.status import STATUS_FILE
+from murmur.node.averaging.averager import StateSyncRefused
+from murmur.node.learn.device import DeviceError, check_mixed_precision, resolve_device
+from murmur.node.learn.tasks import BUILTIN_TASKS, load_task
+from murmur.node.learn.user_loop import (
+    ModelMismatch,
+    StepGate,
+    UserLoopTask,
+    UserLoopTrainer,
+    check_optimizer,
+    model_device,
+)
+from murmur.node.net.identity import load_or_create_identity
+from murmur.node.ops.config import NodeConfig
+from murmur.node.ops.node import Node, build_node
+from murmur.node.ops.status import STATUS_FILE
 
 log = logging.getLogger("murmur.peer")
 

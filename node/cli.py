@@ -1,7 +1,7 @@
 """The `murmur` command: `run` a peer, `demo` a local swarm, `bench` against all-reduce,
 show a node's `status`, print its `id`.
 
-It sits above `node.ops` (the running node) and `node.lab` (benchmark and demo), which
+It sits above `murmur.node.ops` (the running node) and `murmur.node.lab` (benchmark and demo), which
 know nothing of it; each subcommand imports what it needs when it runs, so `murmur
 status` stays free of torch.
 """
@@ -13,14 +13,14 @@ import os
 import sys
 from pathlib import Path
 
-from node.ops import run
-from node.ops.config import DEFAULT_DATA_DIR
+from murmur.node.ops import run
+from murmur.node.ops.config import DEFAULT_DATA_DIR
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="murmur", description="Decentralized gossip training of PyTorch models.")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("run", help="run a peer (the daemon; see --help)", add_help=False)  # parsed by node.ops.run
+    sub.add_parser("run", help="run a peer (the daemon; see --help)", add_help=False)  # parsed by murmur.node.ops.run
     demo = sub.add_parser("demo", help="run a local swarm of emulated heterogeneous peers")
     demo.add_argument("--peers", type=int, default=4)
     demo.add_argument("--slowdowns", default="1,1,2,4", help="comma-separated slowdown per peer (cycled)")
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_id(args: argparse.Namespace) -> int:
-    from node.net.identity import load_or_create_identity, peer_id_of
+    from murmur.node.net.identity import load_or_create_identity, peer_id_of
 
     print(peer_id_of(load_or_create_identity(args.data_dir)))
     return 0
@@ -51,17 +51,17 @@ def main(argv: list[str] | None = None) -> int:
         if argv[:1] == ["run"]:
             return run.main(argv[1:])
         if argv[:1] == ["bench"]:
-            from node.lab.bench import main as bench_main
+            from murmur.node.lab.bench import main as bench_main
 
             return bench_main(argv[1:])
         if argv[:1] == ["status"]:  # no torch import: cheap enough for a container's HEALTHCHECK
-            from node.ops.status import main as status_main
+            from murmur.node.ops.status import main as status_main
 
             return status_main(argv[1:])
         args = build_parser().parse_args(argv)
         if args.command == "id":
             return cmd_id(args)
-        from node.lab.demo import run_demo
+        from murmur.node.lab.demo import run_demo
 
         return run_demo(args)
 

@@ -5,7 +5,7 @@ one wire dtype — `float32`, `bfloat16`, `float16`, or `int8` with one float32 
 tensor. The byte stream is the scales (int8 only) then each tensor's little-endian
 bytes, cut into chunks; nothing else. What the bytes mean is settled before they flow:
 the sender announces the wire dtype, the layout digest of its spec and the exact byte
-size (`protocol.messages.Params`), and a receiver accepts them only if all three match
+size (`murmur.protocol.messages.Params`), and a receiver accepts them only if all three match
 its own model, so it allocates exactly one buffer of the right size, up front.
 
 The wire format is independent of device and of the model's dtype. Both sides of an
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from protocol.errors import MalformedMessage, NonFiniteTensor, TensorMismatch
-from protocol.messages import MAX_CHUNK_BYTES, WIRE_DTYPE_NAMES
+from murmur.protocol.errors import MalformedMessage, NonFiniteTensor, TensorMismatch
+from murmur.protocol.messages import MAX_CHUNK_BYTES, WIRE_DTYPE_NAMES
 
 WIRE_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8,

@@ -26,8 +26,8 @@ import enum
 from dataclasses import dataclass
 from typing import Final
 
-from protocol.errors import FrameTooLarge, LocalProtocolError, PeerClosed, ProtocolViolation
-from protocol.messages import (
+from murmur.protocol.errors import FrameTooLarge, LocalProtocolError, PeerClosed, ProtocolViolation
+from murmur.protocol.messages import (
     FRAME_HEADER,
     MAX_CHUNK_BYTES,
     MAX_CONTROL_BYTES,

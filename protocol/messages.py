@@ -2,7 +2,7 @@
 
 A frame is `length:u32be | type:u8 | body`, where `length` counts the body only.
 Control messages carry a UTF-8 JSON object body; `Chunk` carries raw parameter bytes
-(see `protocol.codec`). Decoding checks every field's type and bound and raises
+(see `murmur.protocol.codec`). Decoding checks every field's type and bound and raises
 `MalformedMessage` naming the field.
 """
 
@@ -15,7 +15,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from protocol.errors import MalformedMessage
+from murmur.protocol.errors import MalformedMessage
 
 FRAME_HEADER = struct.Struct("!IB")
 MAX_CONTROL_BYTES = 64 * 1024
@@ -222,7 +222,7 @@ class Busy(Message):
 class Params(Message):
     """Announces a model's parameters: wire dtype, layout digest and exact byte size.
 
-    Exactly `size` bytes follow in `Chunk` frames (see `protocol.codec`); the receiver
+    Exactly `size` bytes follow in `Chunk` frames (see `murmur.protocol.codec`); the receiver
     checks all three fields against its own model before it allocates anything.
     """
 

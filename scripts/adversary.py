@@ -13,20 +13,20 @@ import sys
 
 import torch
 
-import node.averaging.params
-import protocol.exchange
-from node.cli import main as murmur_main
-from node.net.conversation import Conversation
-from protocol.codec import TensorSpec, WireState, quantize
-from protocol.messages import Accept, Message, Offer, StateReply
+import murmur.node.averaging.params
+import murmur.protocol.exchange
+from murmur.node.cli import main as murmur_main
+from murmur.node.net.conversation import Conversation
+from murmur.protocol.codec import TensorSpec, WireState, quantize
+from murmur.protocol.messages import Accept, Message, Offer, StateReply
 
 ATTACKS = ("scale", "noise", "nan", "work")
 
 
 def poison(attack: str) -> None:
     """Patch this process's node so that what it sends is poisoned by `attack`."""
-    honest_send_params = node.averaging.params.send_params
-    honest_frame = protocol.exchange.encode_frame
+    honest_send_params = murmur.node.averaging.params.send_params
+    honest_frame = murmur.protocol.exchange.encode_frame
 
     async def send_params(conv: Conversation, wire: WireState, spec: TensorSpec) -> int:
         state = dict(wire.items())
@@ -43,8 +43,8 @@ def poison(attack: str) -> None:
             message = dataclasses.replace(message, work=message.work * 1000)  # lie on the wire only
         return honest_frame(message)
 
-    node.averaging.params.send_params = send_params
-    protocol.exchange.encode_frame = frame
+    murmur.node.averaging.params.send_params = send_params
+    murmur.protocol.exchange.encode_frame = frame
 
 
 def main(argv: list[str]) -> int:

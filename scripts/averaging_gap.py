@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from node.learn.step import train_step
-from node.learn.tasks import Task, load_task
+from murmur.node.learn.step import train_step
+from murmur.node.learn.tasks import Task, load_task
 
 Optimizer = Callable[[torch.nn.Module], torch.optim.Optimizer]
 

@@ -37,7 +37,7 @@ import anyio
 import torch
 from torch import nn
 
-from protocol.codec import WIRE_DTYPES, TensorSpec, quantize
+from murmur.protocol.codec import WIRE_DTYPES, TensorSpec, quantize
 
 RAW_PROTOCOL = "/murmur-bench/raw/1.0.0"
 RUN_ID = "bench-exchange"
@@ -51,7 +51,7 @@ class WideMLPTask:
     batch_size = 32
 
     def __init__(self, params: int) -> None:
-        from node.learn.tasks.task import Metric
+        from murmur.node.learn.tasks.task import Metric
 
         self.metric = Metric("loss", higher_is_better=False)
         self.width = int(math.sqrt(params / 3))
@@ -109,11 +109,11 @@ class MemorySampler:
 async def _peer(role: str, params: int, plan: dict, addr_q: Any, result_q: Any, training: Any, done: Any) -> None:
     from libp2p.crypto.ed25519 import create_new_key_pair
 
-    from node.averaging.factory import build_averager
-    from node.learn.trainer import Trainer
-    from node.net.libp2p_transport import Libp2pTransport
-    from node.net.peers import PeerTable
-    from node.net.transport import ByteStream
+    from murmur.node.averaging.factory import build_averager
+    from murmur.node.learn.trainer import Trainer
+    from murmur.node.net.libp2p_transport import Libp2pTransport
+    from murmur.node.net.peers import PeerTable
+    from murmur.node.net.transport import ByteStream
 
     transport = Libp2pTransport(create_new_key_pair())
     trainer = Trainer(WideMLPTask(params), shard=0 if role == "initiator" else 1)
@@ -194,7 +194,7 @@ async def _raw_throughput(transport: Any, peer_id: str, addrs: list[str], megaby
 
 
 def _peer_process(role: str, params: int, plan: dict, addr_q: Any, result_q: Any, training: Any, done: Any) -> None:
-    from node.ops.run import release_big_buffers_promptly
+    from murmur.node.ops.run import release_big_buffers_promptly
 
     release_big_buffers_promptly()  # as `murmur run` does
     torch.set_num_threads(1)
@@ -239,9 +239,9 @@ def _window_stats(exchange: dict, side: dict) -> dict:
 
 def merge_errors(dtypes: list[str], steps: int = 100) -> dict[str, dict[str, float]]:
     """Relative error a lossy wire dtype adds to one merge of two digits models trained apart."""
-    from node.learn.rules import MergeDelta
-    from node.learn.tasks import load_task
-    from node.learn.trainer import Trainer
+    from murmur.node.learn.rules import MergeDelta
+    from murmur.node.learn.tasks import load_task
+    from murmur.node.learn.trainer import Trainer
 
     a, b = Trainer(load_task("digits"), shard=1), Trainer(load_task("digits"), shard=2)
     for _ in range(steps):

@@ -30,8 +30,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from node.lab.swarm import ONE_THREAD, murmur_command, peer_environment
-from node.learn.checkpoint import load_latest
+from murmur.node.lab.swarm import ONE_THREAD, murmur_command, peer_environment
+from murmur.node.learn.checkpoint import load_latest
 
 EXCHANGE_TIMEOUT = 5.0
 LIVENESS_TIMEOUT = 8.0

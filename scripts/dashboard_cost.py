@@ -20,8 +20,8 @@ import urllib.request
 from importlib import resources
 from pathlib import Path
 
-from node.lab.swarm import start_peer, stop_swarm
-from node.ops.dashboard import STATIC_FILES
+from murmur.node.lab.swarm import start_peer, stop_swarm
+from murmur.node.ops.dashboard import STATIC_FILES
 
 MODES = ("off", "closed", "open")
 
@@ -66,7 +66,7 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=8.0, help="seconds of training per run")
     p.add_argument("--every", type=float, default=1.0, help="seconds between polls of the open dashboard")
     args = p.parse_args()
-    web = resources.files("node.ops").joinpath("web")
+    web = resources.files("murmur.node.ops").joinpath("web")
     weights = {name: len(web.joinpath(name).read_bytes()) for name, _ in STATIC_FILES.values()}
     print(f"page weight: {sum(weights.values())} bytes ({', '.join(f'{k} {v}' for k, v in weights.items())})")
     results: dict[str, list[float]] = {m: [] for m in MODES}

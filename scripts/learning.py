@@ -2,7 +2,7 @@
 
 import sys
 
-from node.lab.learning import main
+from murmur.node.lab.learning import main
 
 if __name__ == "__main__":
     sys.exit(main())

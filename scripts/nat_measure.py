@@ -3,7 +3,7 @@ two NATed peers, the share of their exchanges that went direct, and the bytes th
 
     sudo .venv/bin/python scripts/nat_measure.py --seconds 60
 
-Runs the `node.lab.natswarm` topology twice: with NATs that hole punching passes, and with one
+Runs the `murmur.node.lab.natswarm` topology twice: with NATs that hole punching passes, and with one
 port-randomising NAT (relay only, with a spare relay; at the end the relay carrying the pair is
 killed). Prints one JSON line per run.
 """
@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from node.lab.natswarm import NatSwarm  # noqa: E402
-from node.lab.netns import netns_unavailable_reason  # noqa: E402
+from murmur.node.lab.natswarm import NatSwarm  # noqa: E402
+from murmur.node.lab.netns import netns_unavailable_reason  # noqa: E402
 
 
 def kill_the_relay(swarm: NatSwarm) -> dict:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from node.lab.swarm import Peer, start_peer, start_swarm, stop_swarm, wait_for_address
+from murmur.node.lab.swarm import Peer, start_peer, start_swarm, stop_swarm, wait_for_address
 
 pytestmark = pytest.mark.slow
 DURATION = 15.0

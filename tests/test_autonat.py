@@ -13,7 +13,7 @@ from libp2p.host.autonat.pb.autonat_pb2 import Message
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
-from node.net.autonat import (
+from murmur.node.net.autonat import (
     MAX_DIAL_BACK_ADDRS,
     PRIVATE,
     PUBLIC,
@@ -22,7 +22,7 @@ from node.net.autonat import (
     Reachability,
     dial_back_candidates,
 )
-from node.net.libp2p_transport import Libp2pTransport
+from murmur.node.net.libp2p_transport import Libp2pTransport
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 

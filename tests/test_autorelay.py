@@ -10,8 +10,8 @@ import pytest
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.peerinfo import PeerInfo
 
-from node.net.autonat import PRIVATE, PUBLIC
-from node.net.libp2p_transport import Libp2pTransport
+from murmur.node.net.autonat import PRIVATE, PUBLIC
+from murmur.node.net.libp2p_transport import Libp2pTransport
 
 pytestmark = pytest.mark.anyio
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]

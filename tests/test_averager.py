@@ -20,16 +20,23 @@ import pytest
 import torch
 import trio.testing
 
-from node.averaging.averager import AVERAGE_PROTOCOL, STATE_PROTOCOL, Averager
-from node.averaging.factory import build_averager
-from node.learn.runtime import Runtime
-from node.learn.tasks import DigitsTask
-from node.learn.trainer import Trainer
-from node.net.peers import PeerTable
-from node.net.security import BanList
-from node.net.transport import READ_CHUNK, ByteStream, FaultInjector, ForwardingStream, MemoryNetwork, MemoryTransport
-from protocol.exchange import AVERAGE, Exchange, Role
-from protocol.messages import Accept, Chunk, Offer, Params, encode_frame
+from murmur.node.averaging.averager import AVERAGE_PROTOCOL, STATE_PROTOCOL, Averager
+from murmur.node.averaging.factory import build_averager
+from murmur.node.learn.runtime import Runtime
+from murmur.node.learn.tasks import DigitsTask
+from murmur.node.learn.trainer import Trainer
+from murmur.node.net.peers import PeerTable
+from murmur.node.net.security import BanList
+from murmur.node.net.transport import (
+    READ_CHUNK,
+    ByteStream,
+    FaultInjector,
+    ForwardingStream,
+    MemoryNetwork,
+    MemoryTransport,
+)
+from murmur.protocol.exchange import AVERAGE, Exchange, Role
+from murmur.protocol.messages import Accept, Chunk, Offer, Params, encode_frame
 
 pytestmark = pytest.mark.anyio
 TIMEOUT = 1.0  # simulated seconds

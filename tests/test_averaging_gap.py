@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from node.learn.tasks import DigitsTask
+from murmur.node.learn.tasks import DigitsTask
 from scripts.averaging_gap import make_optimizer, train_replicas, train_sync
 
 

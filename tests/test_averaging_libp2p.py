@@ -15,12 +15,12 @@ import pytest
 import torch
 from libp2p.crypto.ed25519 import create_new_key_pair
 
-from node.averaging.averager import Averager
-from node.averaging.factory import build_averager
-from node.learn.tasks import DigitsTask
-from node.learn.trainer import Trainer
-from node.net.libp2p_transport import Libp2pTransport
-from node.net.peers import PeerTable
+from murmur.node.averaging.averager import Averager
+from murmur.node.averaging.factory import build_averager
+from murmur.node.learn.tasks import DigitsTask
+from murmur.node.learn.trainer import Trainer
+from murmur.node.net.libp2p_transport import Libp2pTransport
+from murmur.node.net.peers import PeerTable
 
 pytestmark = pytest.mark.anyio
 

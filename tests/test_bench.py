@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from node.lab.bench import METHODS, run_bench
+from murmur.node.lab.bench import METHODS, run_bench
 
 
 @pytest.mark.slow
@@ -29,7 +29,7 @@ def test_smallest_bench_runs_every_method_and_writes_its_outputs(tmp_path: Path)
 
 
 def test_metric_at_equal_samples_interpolates_between_evaluations() -> None:
-    from node.lab.bench_report import _at_samples
+    from murmur.node.lab.bench_report import _at_samples
 
     run = {"curve": [{"samples": 0, "loss": 5.0}, {"samples": 1000, "loss": 3.0}, {"samples": 3000, "loss": 2.0}]}
     assert _at_samples(run, "loss", 500) == pytest.approx(4.0)
@@ -39,7 +39,7 @@ def test_metric_at_equal_samples_interpolates_between_evaluations() -> None:
 
 
 def test_rescore_scores_stored_runs_again_and_redraws_the_table(tmp_path: Path) -> None:
-    from node.lab.bench_report import rescore
+    from murmur.node.lab.bench_report import rescore
 
     def run(method: str, samples_per_s: float, curve: list[tuple[int, float]]) -> dict:
         return {"task": "digits", "mix": "headline", "seed": 0, "method": method, "samples_per_s": samples_per_s,
@@ -62,8 +62,8 @@ def test_rescore_scores_stored_runs_again_and_redraws_the_table(tmp_path: Path) 
 def test_swarm_peers_are_started_with_one_torch_thread_each(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Stand-in processes that record what `murmur run` would be told, and have already exited:
     # the run stops at once, and murmur's own parser reads the recorded command lines.
-    from node.lab import bench
-    from node.ops.run import build_run_parser
+    from murmur.node.lab import bench
+    from murmur.node.ops.run import build_run_parser
 
     started: list[list[str]] = []
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from node.lab import bench
-from node.lab.bench_config import SLOW_LINK, SLOW_LINK_UNEVEN
-from node.lab.bench_report import summarize
-from node.lab.links import LinkSpecError, caps_for, links_unavailable_reason, parse_link_mbit
+from murmur.node.lab import bench
+from murmur.node.lab.bench_config import SLOW_LINK, SLOW_LINK_UNEVEN
+from murmur.node.lab.bench_report import summarize
+from murmur.node.lab.links import LinkSpecError, caps_for, links_unavailable_reason, parse_link_mbit
 
 
 def test_one_cap_is_every_peers_cap() -> None:
@@ -152,8 +152,8 @@ class _Namespace:
 
 
 def test_over_links_peers_listen_on_their_namespace_address_and_bootstrap_to_peer_zeros(tmp_path: Path) -> None:
-    from node.lab.swarm import murmur_command
-    from node.ops.run import build_run_parser
+    from murmur.node.lab.swarm import murmur_command
+    from murmur.node.ops.run import build_run_parser
 
     links = [_Namespace("10.9.0.1"), _Namespace("10.9.0.2")]
     with pytest.raises(RuntimeError, match="peer 0 exited"):
@@ -169,15 +169,15 @@ def test_over_links_peers_listen_on_their_namespace_address_and_bootstrap_to_pee
 
 
 def test_over_links_ranks_rendezvous_at_rank_zeros_address_and_bind_gloo_to_the_capped_veth(tmp_path: Path) -> None:
-    from node.lab.sync_baseline import RankFailed, run_sync
-    from node.lab.sync_rank import config_from_json
+    from murmur.node.lab.sync_baseline import RankFailed, run_sync
+    from murmur.node.lab.sync_rank import config_from_json
 
     links = [_Namespace("10.9.0.1"), _Namespace("10.9.0.2")]
     with pytest.raises(RankFailed, match="rank 0 failed"):
         run_sync("digits", [1.0, 2.0], "diloco", 3.0, 10.0, None, links=links, work_dir=tmp_path)
     for rank, ns in enumerate(links):
         (argv, kwargs), = ns.started
-        assert argv[1:5] == ["-m", "node.lab.sync_rank", "--rank", str(rank)]
+        assert argv[1:5] == ["-m", "murmur.node.lab.sync_rank", "--rank", str(rank)]
         assert kwargs["env"]["GLOO_SOCKET_IFNAME"] == "eth0"
         cfg = config_from_json(argv[argv.index("--config") + 1])
         assert (cfg.store_host, cfg.store_on_rank0, cfg.mode) == ("10.9.0.1", True, "diloco")

@@ -5,8 +5,8 @@ import math
 
 import torch
 
-from node.learn.tasks import BUILTIN_TASKS, CharLMLargeTask, CharLMTask, load_task
-from node.learn.tasks.charlm import GPT
+from murmur.node.learn.tasks import BUILTIN_TASKS, CharLMLargeTask, CharLMTask, load_task
+from murmur.node.learn.tasks.charlm import GPT
 
 
 def _fingerprint(model: torch.nn.Module) -> str:

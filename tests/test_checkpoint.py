@@ -4,9 +4,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from node.learn.checkpoint import CorruptCheckpoint, load_latest, read_checkpoint, save_checkpoint
-from node.learn.tasks import CharLMTask, DigitsTask
-from node.learn.trainer import Trainer
+from murmur.node.learn.checkpoint import CorruptCheckpoint, load_latest, read_checkpoint, save_checkpoint
+from murmur.node.learn.tasks import CharLMTask, DigitsTask
+from murmur.node.learn.trainer import Trainer
 
 
 def test_save_keeps_the_two_newest_and_loads_the_newest(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ def test_a_stop_request_after_the_command_finished_does_not_kill_it(tmp_path: Pa
     # A supervisor that sends SIGTERM just as a command ends must still see exit status 0.
     script = (
         "import os, signal, sys\n"
-        "from node.cli import main\n"
+        "from murmur.node.cli import main\n"
         f"code = main(['id', '--data-dir', {str(tmp_path)!r}])\n"
         "os.kill(os.getpid(), signal.SIGTERM)\n"
         "print('still here', flush=True)\n"

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from protocol.codec import (
+from murmur.protocol.codec import (
     WIRE_DTYPES,
     TensorSpec,
     WireDecoder,
@@ -20,7 +20,7 @@ from protocol.codec import (
     quantize,
     wire_chunks,
 )
-from protocol.errors import MalformedMessage, NonFiniteTensor, RemoteProtocolError, TensorMismatch
+from murmur.protocol.errors import MalformedMessage, NonFiniteTensor, RemoteProtocolError, TensorMismatch
 
 
 def _model() -> nn.Module:

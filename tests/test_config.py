@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from node.cli import main
-from node.ops.config import (
+from murmur.node.cli import main
+from murmur.node.ops.config import (
     DEFAULT_DATA_DIR,
     ConfigError,
     NodeConfig,
@@ -19,7 +19,7 @@ from node.ops.config import (
     resolve_options,
     run_settings,
 )
-from node.ops.run import build_run_parser
+from murmur.node.ops.run import build_run_parser
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

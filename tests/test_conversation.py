@@ -8,11 +8,11 @@ from contextlib import asynccontextmanager
 import anyio
 import pytest
 
-from node.net.conversation import Conversation
-from node.net.transport import ByteStream, MemoryNetwork
-from protocol.errors import PeerAborted, PeerClosed, ProtocolViolation
-from protocol.exchange import AVERAGE, Exchange, Role
-from protocol.messages import Abort, Accept, Busy, Offer, Params
+from murmur.node.net.conversation import Conversation
+from murmur.node.net.transport import ByteStream, MemoryNetwork
+from murmur.protocol.errors import PeerAborted, PeerClosed, ProtocolViolation
+from murmur.protocol.exchange import AVERAGE, Exchange, Role
+from murmur.protocol.messages import Abort, Accept, Busy, Offer, Params
 
 pytestmark = pytest.mark.anyio
 OFFER = Offer("run", "fingerprint", 32.0)

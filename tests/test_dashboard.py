@@ -15,10 +15,10 @@ import pytest
 from headless_chromium import chart_points, dump_dom, parse_dom, peer_rows
 from prometheus_client import CollectorRegistry, Counter
 
-from node.net.membership import PEERS_PROTOCOL, Membership, TaskIdentity
-from node.net.peers import PeerTable
-from node.net.transport import MemoryNetwork
-from node.ops.dashboard import (
+from murmur.node.net.membership import PEERS_PROTOCOL, Membership, TaskIdentity
+from murmur.node.net.peers import PeerTable
+from murmur.node.net.transport import MemoryNetwork
+from murmur.node.ops.dashboard import (
     STATIC_FILES,
     DashboardState,
     DashboardUnavailable,
@@ -29,8 +29,8 @@ from node.ops.dashboard import (
     serve_dashboard,
     swarm_view,
 )
-from node.ops.metrics import MetricsUnavailable
-from protocol.messages import PeerSummary
+from murmur.node.ops.metrics import MetricsUnavailable
+from murmur.protocol.messages import PeerSummary
 
 pytestmark = pytest.mark.anyio
 HOSTILE = '<script>document.title="pwned"</script><img src=x onerror="document.title=\'pwned\'">'
@@ -145,7 +145,7 @@ def test_only_a_loopback_bind_goes_without_a_warning(host: str, local: bool) -> 
 
 
 def test_the_page_ships_as_package_data_and_fetches_nothing_from_elsewhere() -> None:
-    web = resources.files("node.ops").joinpath("web")
+    web = resources.files("murmur.node.ops").joinpath("web")
     for name, _ in STATIC_FILES.values():
         text = web.joinpath(name).read_text()
         assert "http://" not in text.replace("http://www.w3.org/2000/svg", "") and "https://" not in text

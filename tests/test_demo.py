@@ -27,7 +27,7 @@ def _pids_with_argument(text: str) -> list[int]:
 def test_ctrl_c_stops_the_demo_and_every_peer_it_started(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     demo = subprocess.Popen(
-        [sys.executable, "-m", "node.cli", "demo", "--duration", "60", "--no-sync", "--out", str(out)],
+        [sys.executable, "-m", "murmur.node.cli", "demo", "--duration", "60", "--no-sync", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         # Started as a shell starts a background job (`murmur demo &`): with SIGINT ignored.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
@@ -62,8 +62,8 @@ def test_the_live_table_fits_80_columns_without_wrapping_a_label(tmp_path: Path)
 
     from rich.console import Console
 
-    from node.lab.demo import peer_table
-    from node.lab.swarm import Peer
+    from murmur.node.lab.demo import peer_table
+    from murmur.node.lab.swarm import Peer
 
     class Exited:
         def poll(self) -> int:

@@ -9,14 +9,14 @@ import pytest
 import torch
 from torch import nn
 
-import node.learn.device
-from node.learn.checkpoint import read_checkpoint, save_checkpoint
-from node.learn.device import DeviceError, check_mixed_precision, cpu_copy, resolve_device, to_device
-from node.learn.tasks import Batch, DigitsTask
-from node.learn.trainer import Trainer
-from node.net.transport import MemoryNetwork
-from node.ops.node import STATUS_FILE, Node, NodeConfig
-from protocol.codec import decode_state, encode_state
+import murmur.node.learn.device
+from murmur.node.learn.checkpoint import read_checkpoint, save_checkpoint
+from murmur.node.learn.device import DeviceError, check_mixed_precision, cpu_copy, resolve_device, to_device
+from murmur.node.learn.tasks import Batch, DigitsTask
+from murmur.node.learn.trainer import Trainer
+from murmur.node.net.transport import MemoryNetwork
+from murmur.node.ops.node import STATUS_FILE, Node, NodeConfig
+from murmur.protocol.codec import decode_state, encode_state
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
@@ -44,7 +44,7 @@ def _pretend(monkeypatch: pytest.MonkeyPatch, cuda_devices: int, mps: bool) -> N
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_devices > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: cuda_devices)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(node.learn.device, "_mps_available", lambda: mps)
+    monkeypatch.setattr(murmur.node.learn.device, "_mps_available", lambda: mps)
 
 
 def test_auto_prefers_cuda_then_mps_then_cpu(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,10 +19,10 @@ from dockerfile_parse import DockerfileParser
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from node.net.identity import load_or_create_identity, peer_id_of
-from node.net.membership import parse_bootstrap
-from node.ops.run import build_run_parser
-from node.ops.status import build_parser as build_status_parser
+from murmur.node.net.identity import load_or_create_identity, peer_id_of
+from murmur.node.net.membership import parse_bootstrap
+from murmur.node.ops.run import build_run_parser
+from murmur.node.ops.status import build_parser as build_status_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 HEALTH_ARGV = ["murmur", "status", "--data-dir", "/data", "--health"]
@@ -150,8 +150,8 @@ def test_the_entrypoint_starts_a_node(tmp_path: Path) -> None:
     for container, here in local.items():
         argv = [arg.replace(container, here) for arg in argv]
     assert argv[0] == "murmur"
-    argv = [sys.executable, "-m", "node.cli", *argv[1:], "--eval-every", "1"]
-    health = [sys.executable, "-m", "node.cli", *HEALTH_ARGV[1:]]
+    argv = [sys.executable, "-m", "murmur.node.cli", *argv[1:], "--eval-every", "1"]
+    health = [sys.executable, "-m", "murmur.node.cli", *HEALTH_ARGV[1:]]
     health[health.index("/data")] = str(data_dir)
     log = tmp_path / "stderr.txt"
     with log.open("w") as stderr:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from protocol.errors import (
+from murmur.protocol.errors import (
     OFFENCES,
     FrameTooLarge,
     LocalProtocolError,
@@ -15,8 +15,8 @@ from protocol.errors import (
     RemoteProtocolError,
     TensorMismatch,
 )
-from protocol.exchange import AVERAGE, Exchange, Role
-from protocol.messages import Accept, encode_frame
+from murmur.protocol.exchange import AVERAGE, Exchange, Role
+from murmur.protocol.messages import Accept, encode_frame
 
 
 def test_offences_are_what_only_a_broken_or_hostile_peer_sends() -> None:

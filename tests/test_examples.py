@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from node.net.identity import load_or_create_identity, peer_id_of
+from murmur.node.net.identity import load_or_create_identity, peer_id_of
 
 ROOT = Path(__file__).resolve().parents[1]
 DONE = re.compile(r"done: .* (\d+) own samples, (\d+) swarm samples, merged (\d+) times")

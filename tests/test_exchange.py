@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.errors import (
+from murmur.protocol.errors import (
     FrameTooLarge,
     LocalProtocolError,
     MalformedMessage,
@@ -16,7 +16,7 @@ from protocol.errors import (
     ProtocolViolation,
     RemoteProtocolError,
 )
-from protocol.exchange import (
+from murmur.protocol.exchange import (
     AVERAGE,
     CLOSED,
     DONE,
@@ -28,7 +28,7 @@ from protocol.exchange import (
     Flow,
     Role,
 )
-from protocol.messages import (
+from murmur.protocol.messages import (
     FRAME_HEADER,
     MAX_CHUNK_BYTES,
     MAX_CONTROL_BYTES,

@@ -7,14 +7,14 @@ import random
 import anyio
 import pytest
 
-from node.averaging.averager import AVERAGE_PROTOCOL, STATE_PROTOCOL
-from node.averaging.factory import build_averager
-from node.learn.runtime import Runtime
-from node.learn.tasks import DigitsTask
-from node.learn.trainer import Trainer
-from node.net.peers import PeerTable
-from node.net.security import BanList
-from node.net.transport import MemoryNetwork, TransportError
+from murmur.node.averaging.averager import AVERAGE_PROTOCOL, STATE_PROTOCOL
+from murmur.node.averaging.factory import build_averager
+from murmur.node.learn.runtime import Runtime
+from murmur.node.learn.tasks import DigitsTask
+from murmur.node.learn.trainer import Trainer
+from murmur.node.net.peers import PeerTable
+from murmur.node.net.security import BanList
+from murmur.node.net.transport import MemoryNetwork, TransportError
 
 pytestmark = pytest.mark.anyio
 

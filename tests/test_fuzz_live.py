@@ -8,13 +8,23 @@ import anyio
 import pytest
 from libp2p.crypto.ed25519 import create_new_key_pair
 
-from node.averaging.averager import AVERAGE_PROTOCOL, STATE_PROTOCOL
-from node.net.libp2p_transport import Libp2pTransport
-from node.net.membership import PEERS_PROTOCOL
-from node.net.security import BanList, GuardedTransport
-from node.net.transport import TransportError
-from node.ops.node import Node, NodeConfig
-from protocol.messages import FRAME_HEADER, Accept, Chunk, Commit, Hello, Offer, Params, StateRequest, encode_frame
+from murmur.node.averaging.averager import AVERAGE_PROTOCOL, STATE_PROTOCOL
+from murmur.node.net.libp2p_transport import Libp2pTransport
+from murmur.node.net.membership import PEERS_PROTOCOL
+from murmur.node.net.security import BanList, GuardedTransport
+from murmur.node.net.transport import TransportError
+from murmur.node.ops.node import Node, NodeConfig
+from murmur.protocol.messages import (
+    FRAME_HEADER,
+    Accept,
+    Chunk,
+    Commit,
+    Hello,
+    Offer,
+    Params,
+    StateRequest,
+    encode_frame,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 FRAMES = 10_000

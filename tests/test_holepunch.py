@@ -8,9 +8,9 @@ import pytest
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.peerinfo import PeerInfo
 
-from node.net.holepunch import MAX_PUNCH_ADDRS, HolePuncher, connection_kinds, punch_addrs
-from node.net.libp2p_transport import Libp2pTransport
-from node.net.relay import circuit_address
+from murmur.node.net.holepunch import MAX_PUNCH_ADDRS, HolePuncher, connection_kinds, punch_addrs
+from murmur.node.net.libp2p_transport import Libp2pTransport
+from murmur.node.net.relay import circuit_address
 
 
 def _raw(*addrs: str) -> list[bytes]:

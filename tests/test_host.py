@@ -11,7 +11,7 @@ from libp2p.security.insecure.transport import PLAINTEXT_PROTOCOL_ID, InsecureTr
 from libp2p.security.secio.transport import ID as SECIO_ID
 from libp2p.security.secio.transport import Transport as SecioTransport
 
-from node.net.libp2p_transport import Libp2pTransport
+from murmur.node.net.libp2p_transport import Libp2pTransport
 
 pytestmark = pytest.mark.anyio
 

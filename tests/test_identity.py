@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from node.cli import main
-from node.net.identity import KEY_FILE, IdentityError, load_or_create_identity, peer_id_of
+from murmur.node.cli import main
+from murmur.node.net.identity import KEY_FILE, IdentityError, load_or_create_identity, peer_id_of
 
 
 def test_identity_is_created_private_and_stable(tmp_path: Path) -> None:

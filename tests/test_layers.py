@@ -1,8 +1,8 @@
 """The layering of `node/` and `protocol/`: what each layer may import, and that it really does without the rest.
 
 Behavioural part: in a fresh interpreter with torch (and numpy) blocked, every module of
-`node.net` imports; with libp2p and multiaddr blocked, every module of `node.learn`
-(with `node.net` blocked too) and of `node.averaging` imports.
+`murmur.node.net` imports; with libp2p and multiaddr blocked, every module of `murmur.node.learn`
+(with `murmur.node.net` blocked too) and of `murmur.node.averaging` imports.
 
 Structural part, from an AST import graph (there is no behavioural way to see a cycle
 that happens to resolve, or a dependency that is only imported lazily):
@@ -12,7 +12,7 @@ that happens to resolve, or a dependency that is only imported lazily):
   every module has loaded, so it cannot take part in an import-order cycle;
 - layer direction: every import counts, lazy ones inside functions and TYPE_CHECKING ones
   too (a lazy import is still a dependency: a torch-free process calling that function
-  would fail). The `murmur` command (`node.cli`) sits on top: it may import `ops` and
+  would fail). The `murmur` command (`murmur.node.cli`) sits on top: it may import `ops` and
   `lab`, and nothing imports it;
 - nothing in the product imports `scripts` (not a package; a product module that did
   would work only from a checkout).
@@ -34,11 +34,11 @@ PRODUCT = ("node", "protocol")
 
 # Layer -> the packages it must not import (prefix match on dotted module names).
 FORBIDDEN = {
-    "node.net": ("node.learn", "node.averaging", "node.ops", "node.lab", "node.cli", "protocol.codec"),
-    "node.learn": ("node.net", "node.averaging", "node.ops", "node.lab", "node.cli"),
-    "node.averaging": ("node.ops", "node.lab", "node.cli"),
-    "node.ops": ("node.lab", "node.cli"),
-    "node.lab": ("node.cli",),
+    "murmur.node.net": ("murmur.node.learn", "murmur.node.averaging", "murmur.node.ops", "murmur.node.lab", "murmur.node.cli", "murmur.protocol.codec"),
+    "murmur.node.learn": ("murmur.node.net", "murmur.node.averaging", "murmur.node.ops", "murmur.node.lab", "murmur.node.cli"),
+    "murmur.node.averaging": ("murmur.node.ops", "murmur.node.lab", "murmur.node.cli"),
+    "murmur.node.ops": ("murmur.node.lab", "murmur.node.cli"),
+    "murmur.node.lab": ("murmur.node.cli",),
     "protocol": ("node",),
 }
 
@@ -159,7 +159,7 @@ def layer_violations(imports: list[Import]) -> list[str]:
 
 def test_no_import_cycles_among_product_modules() -> None:
     modules, imports = import_graph(ROOT)
-    assert {"node.net.transport", "node.learn.trainer", "protocol.codec"} <= modules  # the walk found the tree
+    assert {"murmur.node.net.transport", "murmur.node.learn.trainer", "murmur.protocol.codec"} <= modules  # the walk found the tree
     assert cycles(modules, imports) == []
 
 
@@ -188,29 +188,29 @@ def test_the_checks_catch_a_cycle_and_wrong_way_imports(tmp_path: Path) -> None:
     root = _tree(tmp_path, {
         "node/__init__.py": "",
         "node/net/__init__.py": "",
-        "node/net/a.py": "from node.net import b\n",
+        "node/net/a.py": "from murmur.node.net import b\n",
         "node/net/b.py": "from . import a\n",  # a relative import closes the cycle
         "node/learn/__init__.py": "",
-        "node/learn/t.py": "def f():\n    from node.net.a import x\n",  # lazy, still a violation
+        "node/learn/t.py": "def f():\n    from murmur.node.net.a import x\n",  # lazy, still a violation
         "node/ops/__init__.py": "",
-        "node/ops/run.py": "def g():\n    from node.lab.bench import main\n",  # ops drives no lab tooling
-        "node/lab/swarm.py": "import node.cli\n",  # nothing imports the command
+        "node/ops/run.py": "def g():\n    from murmur.node.lab.bench import main\n",  # ops drives no lab tooling
+        "node/lab/swarm.py": "import murmur.node.cli\n",  # nothing imports the command
         "node/lab/__init__.py": "",
-        "node/cli.py": "from node.lab import demo\n",
+        "node/cli.py": "from murmur.node.lab import demo\n",
         "node/lab/demo.py": "",
         "node/lab/bench.py": "import scripts.chaos\n",
         "protocol/__init__.py": "",
-        "protocol/m.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from node.net.a import y\n",
+        "protocol/m.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from murmur.node.net.a import y\n",
     })  # fmt: skip
     modules, imports = import_graph(root)
-    assert cycles(modules, imports) == [["node.net.a", "node.net.b", "node.net.a"]]
+    assert cycles(modules, imports) == [["murmur.node.net.a", "murmur.node.net.b", "murmur.node.net.a"]]
     assert sorted(v.split(" (")[0] for v in layer_violations(imports)) == [
-        "node.lab.swarm:1 imports node.cli",
-        "node.learn.t:2 lazily imports node.net.a",
-        "node.ops.run:2 lazily imports node.lab.bench",
-        "protocol.m:3 imports node.net.a",
+        "murmur.node.lab.swarm:1 imports murmur.node.cli",
+        "murmur.node.learn.t:2 lazily imports murmur.node.net.a",
+        "murmur.node.ops.run:2 lazily imports murmur.node.lab.bench",
+        "protocol.m:3 imports murmur.node.net.a",
     ]
-    assert [i.importer for i in imports if _under(i.imported, "scripts")] == ["node.lab.bench"]
+    assert [i.importer for i in imports if _under(i.imported, "scripts")] == ["murmur.node.lab.bench"]
 
 
 # --- blocked imports, in fresh interpreters ----------------------------------------------------
@@ -252,15 +252,15 @@ def _modules_under(*packages: str) -> list[str]:
 
 
 def test_the_networking_layer_imports_without_torch_or_numpy() -> None:
-    imported = _import_with_blocked(["node.net"], ["torch", "numpy"])
-    assert sorted(imported) == _modules_under("node.net")  # every module, none skipped
+    imported = _import_with_blocked(["murmur.node.net"], ["torch", "numpy"])
+    assert sorted(imported) == _modules_under("murmur.node.net")  # every module, none skipped
 
 
 @pytest.mark.parametrize(
     ("packages", "blocked"),
     [
-        (["node.learn"], ["libp2p", "multiaddr", "node.net"]),
-        (["node.averaging"], ["libp2p", "multiaddr"]),
+        (["murmur.node.learn"], ["libp2p", "multiaddr", "murmur.node.net"]),
+        (["murmur.node.averaging"], ["libp2p", "multiaddr"]),
     ],
 )
 def test_learning_and_averaging_import_without_libp2p(packages: list[str], blocked: list[str]) -> None:

@@ -17,11 +17,11 @@ from libp2p.identity.identify.identify import parse_identify_response
 from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.peer.id import ID
 
-from node.net.libp2p_transport import Libp2pTransport
-from node.net.membership import PEERS_PROTOCOL, Membership, TaskIdentity
-from node.net.peers import PeerTable
-from node.net.security import GuardedTransport
-from node.net.transport import TransportError
+from murmur.node.net.libp2p_transport import Libp2pTransport
+from murmur.node.net.membership import PEERS_PROTOCOL, Membership, TaskIdentity
+from murmur.node.net.peers import PeerTable
+from murmur.node.net.security import GuardedTransport
+from murmur.node.net.transport import TransportError
 
 pytestmark = pytest.mark.anyio
 

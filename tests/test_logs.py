@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from node.ops.logs import configure_logging
+from murmur.node.ops.logs import configure_logging
 
 PEER = "12D3KooWAbCdEfGhIjKlMnOpQrStUvWxYz0123456789abcdef"
 

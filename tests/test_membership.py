@@ -11,9 +11,9 @@ import anyio
 import pytest
 import trio.testing
 
-from node.net.membership import PEERS_PROTOCOL, Membership, TaskIdentity, parse_bootstrap
-from node.net.peers import PeerTable
-from node.net.transport import ByteStream, MemoryNetwork
+from murmur.node.net.membership import PEERS_PROTOCOL, Membership, TaskIdentity, parse_bootstrap
+from murmur.node.net.peers import PeerTable
+from murmur.node.net.transport import ByteStream, MemoryNetwork
 
 pytestmark = pytest.mark.anyio
 HELLO_TIMEOUT = 3.0

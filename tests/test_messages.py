@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.errors import MalformedMessage, RemoteProtocolError
-from protocol.messages import (
+from murmur.protocol.errors import MalformedMessage, RemoteProtocolError
+from murmur.protocol.messages import (
     FRAME_HEADER,
     MAX_ADDRS,
     MAX_PARAMS_SIZE,

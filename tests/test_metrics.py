@@ -9,11 +9,11 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from node.averaging.averager import AVERAGE_PROTOCOL, Outcome
-from node.net.identity import load_or_create_identity
-from node.net.membership import PEERS_PROTOCOL
-from node.ops.metrics import NodeMetrics, Traffic
-from node.ops.node import Node, NodeConfig, build_node
+from murmur.node.averaging.averager import AVERAGE_PROTOCOL, Outcome
+from murmur.node.net.identity import load_or_create_identity
+from murmur.node.net.membership import PEERS_PROTOCOL
+from murmur.node.ops.metrics import NodeMetrics, Traffic
+from murmur.node.ops.node import Node, NodeConfig, build_node
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from node.lab.netns import NetnsError, Network, netns_unavailable_reason
+from murmur.node.lab.netns import NetnsError, Network, netns_unavailable_reason
 
 _reason = netns_unavailable_reason(need_iptables=True)
 pytestmark = pytest.mark.skipif(_reason is not None, reason=_reason or "")

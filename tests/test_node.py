@@ -7,9 +7,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from node.net.identity import load_or_create_identity
-from node.net.transport import MemoryNetwork
-from node.ops.node import METRICS_FILE, STATUS_FILE, Node, NodeConfig, build_node
+from murmur.node.net.identity import load_or_create_identity
+from murmur.node.net.transport import MemoryNetwork
+from murmur.node.ops.node import METRICS_FILE, STATUS_FILE, Node, NodeConfig, build_node
 
 pytestmark = pytest.mark.anyio
 

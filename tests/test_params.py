@@ -11,14 +11,14 @@ import anyio
 import pytest
 import torch
 
-from node.averaging.params import receive_params, send_params
-from node.learn.runtime import run_inline
-from node.net.conversation import Conversation
-from node.net.transport import ByteStream, MemoryNetwork
-from protocol.codec import TensorSpec, quantize
-from protocol.errors import NonFiniteTensor, TensorMismatch
-from protocol.exchange import STATE_SYNC, Exchange, Role
-from protocol.messages import Chunk, StateReply, StateRequest
+from murmur.node.averaging.params import receive_params, send_params
+from murmur.node.learn.runtime import run_inline
+from murmur.node.net.conversation import Conversation
+from murmur.node.net.transport import ByteStream, MemoryNetwork
+from murmur.protocol.codec import TensorSpec, quantize
+from murmur.protocol.errors import NonFiniteTensor, TensorMismatch
+from murmur.protocol.exchange import STATE_SYNC, Exchange, Role
+from murmur.protocol.messages import Chunk, StateReply, StateRequest
 
 pytestmark = pytest.mark.anyio
 STATE = {"w": torch.linspace(-1, 1, 300_000).reshape(600, 500), "b": torch.arange(5.0)}  # several chunks

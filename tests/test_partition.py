@@ -6,9 +6,9 @@ import anyio
 import pytest
 from libp2p.crypto.ed25519 import create_new_key_pair
 
-from node.net.libp2p_transport import Libp2pTransport
-from node.net.transport import FaultInjector
-from node.ops.node import Node, NodeConfig
+from murmur.node.net.libp2p_transport import Libp2pTransport
+from murmur.node.net.transport import FaultInjector
+from murmur.node.ops.node import Node, NodeConfig
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

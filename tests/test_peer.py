@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import murmur
-from node.learn.checkpoint import load_latest
-from node.learn.tasks import DigitsTask
+from murmur.node.learn.checkpoint import load_latest
+from murmur.node.learn.tasks import DigitsTask
 
 ROOT = Path(__file__).resolve().parents[1]
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
@@ -135,7 +135,7 @@ def test_an_api_peer_and_a_cli_peer_train_together(tmp_path: Path) -> None:
     task, model, optimizer = digits()
     with murmur.Peer(model, optimizer, run_id="mixed", listen=LOOPBACK, data_dir=tmp_path / "api", wire_dtype="bfloat16") as peer:
         cli = subprocess.Popen(
-            [sys.executable, "-m", "node.cli", "run", "--task", "digits", "--run-id", "mixed", "--data-dir", str(tmp_path / "cli"),
+            [sys.executable, "-m", "murmur.node.cli", "run", "--task", "digits", "--run-id", "mixed", "--data-dir", str(tmp_path / "cli"),
              "--listen", LOOPBACK[0], "--bootstrap", peer.addrs[0], "--duration", "40", "--threads", "1", "--log-level", "WARNING"],
             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from node.net.peers import MAX_CANDIDATES, PeerTable
-from protocol.messages import MAX_ADDRS, MAX_PEERS_PER_HELLO, PeerRecord
+from murmur.node.net.peers import MAX_CANDIDATES, PeerTable
+from murmur.protocol.messages import MAX_ADDRS, MAX_PEERS_PER_HELLO, PeerRecord
 
 SELF = "self"
 TIMEOUT = 30.0

@@ -6,8 +6,8 @@ import sys
 CHECK = """
 import gc, sys
 before = gc.get_freeze_count()
-import node.lab.preload
-print(before, gc.get_freeze_count(), *(m in sys.modules for m in ("torch._dynamo", "node.ops.run", "node.ops.node", "node.learn.tasks.charlm")))
+import murmur.node.lab.preload
+print(before, gc.get_freeze_count(), *(m in sys.modules for m in ("torch._dynamo", "murmur.node.ops.run", "murmur.node.ops.node", "murmur.node.learn.tasks.charlm")))
 """
 
 

@@ -19,16 +19,16 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 from libp2p.security.noise.io import NoiseTransportReadWriter
 
-from node.averaging.averager import Averager
-from node.averaging.factory import build_averager
-from node.lab.swarm import stop_processes
-from node.learn.tasks import DigitsTask
-from node.learn.trainer import Trainer
-from node.net.libp2p_transport import Libp2pTransport
-from node.net.membership import PEERS_PROTOCOL, Membership
-from node.net.peers import PeerTable
-from node.net.relay import circuit_address
-from node.net.transport import TransportError
+from murmur.node.averaging.averager import Averager
+from murmur.node.averaging.factory import build_averager
+from murmur.node.lab.swarm import stop_processes
+from murmur.node.learn.tasks import DigitsTask
+from murmur.node.learn.trainer import Trainer
+from murmur.node.net.libp2p_transport import Libp2pTransport
+from murmur.node.net.membership import PEERS_PROTOCOL, Membership
+from murmur.node.net.peers import PeerTable
+from murmur.node.net.relay import circuit_address
+from murmur.node.net.transport import TransportError
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,7 +137,7 @@ async def test_a_refused_reservation_is_logged_and_nothing_advertised(caplog: py
 
 def _start(data_dir: Path, *args: str) -> subprocess.Popen:
     data_dir.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "node.cli", "run", "--data-dir", str(data_dir),
+    cmd = [sys.executable, "-m", "murmur.node.cli", "run", "--data-dir", str(data_dir),
            "--addr-file", str(data_dir / "addrs.txt"),
            "--step-time", "20", "--average-every", "0.2", *args]
     log = (data_dir / "log.txt").open("w")

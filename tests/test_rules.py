@@ -7,8 +7,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from node.learn.rules import RULES, MergeDelta, MixDecision, UniformRule, WorkRule, make_rule
-from protocol.messages import MAX_WORK
+from murmur.node.learn.rules import RULES, MergeDelta, MixDecision, UniformRule, WorkRule, make_rule
+from murmur.protocol.messages import MAX_WORK
 
 POLICY_NAMES = sorted(RULES)
 SHAPES = {"w": (3, 2), "b": (4,)}

@@ -7,10 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.learn.rules import MergeDelta, make_rule
-from node.learn.rules.outer import OuterRule
-from node.learn.tasks import DigitsTask
-from node.learn.trainer import Trainer
+from murmur.node.learn.rules import MergeDelta, make_rule
+from murmur.node.learn.rules.outer import OuterRule
+from murmur.node.learn.tasks import DigitsTask
+from murmur.node.learn.trainer import Trainer
 
 SHAPES = {"w": (3, 2), "b": (4,)}
 seeds = st.integers(0, 2**32 - 1)

@@ -21,7 +21,7 @@ no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error
 def test_cli_refuses_an_unusable_device_in_one_line(tmp_path: Path, args: list[str], message: str) -> None:
     data_dir = tmp_path / "data"
     done = subprocess.run(
-        [sys.executable, "-m", "node.cli", "run", "--data-dir", str(data_dir), *args],
+        [sys.executable, "-m", "murmur.node.cli", "run", "--data-dir", str(data_dir), *args],
         capture_output=True, text=True, timeout=60, check=False,
     )
     assert done.returncode == 2

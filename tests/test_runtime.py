@@ -9,7 +9,7 @@ import anyio
 import pytest
 import trio.testing
 
-from node.learn.runtime import Runtime
+from murmur.node.learn.runtime import Runtime
 
 pytestmark = pytest.mark.anyio
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from node.learn.screening import ClippedGossip, WorkClaimLimiter
+from murmur.node.learn.screening import ClippedGossip, WorkClaimLimiter
 
 
 def model(scale: float = 1.0, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -8,9 +8,9 @@ import anyio
 import pytest
 from libp2p.crypto.ed25519 import create_new_key_pair
 
-from node.net.libp2p_transport import Libp2pTransport
-from node.net.security import BanList, GuardedTransport, load_allow_list, load_secret
-from node.net.transport import ByteStream, MemoryNetwork, Transport, TransportError
+from murmur.node.net.libp2p_transport import Libp2pTransport
+from murmur.node.net.security import BanList, GuardedTransport, load_allow_list, load_secret
+from murmur.node.net.transport import ByteStream, MemoryNetwork, Transport, TransportError
 
 pytestmark = pytest.mark.anyio
 ECHO = "/test/echo/1.0.0"

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from node.lab.simulation.allreduce import simulate_allreduce
-from node.lab.simulation.config import SimConfig
-from node.lab.simulation.network import NetworkModel
+from murmur.node.lab.simulation.allreduce import simulate_allreduce
+from murmur.node.lab.simulation.config import SimConfig
+from murmur.node.lab.simulation.network import NetworkModel
 
 
 def _config(**changes: Any) -> SimConfig:

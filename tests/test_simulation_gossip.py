@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from node.lab.simulation.config import SimConfig
-from node.lab.simulation.gossip import GossipSimulation
-from node.lab.simulation.network import NetworkModel
+from murmur.node.lab.simulation.config import SimConfig
+from murmur.node.lab.simulation.gossip import GossipSimulation
+from murmur.node.lab.simulation.network import NetworkModel
 
 QUIET = NetworkModel(churn=0.0)
 

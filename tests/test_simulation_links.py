@@ -6,8 +6,8 @@ import anyio
 import pytest
 import trio.testing
 
-from node.lab.simulation.links import LinkTransport
-from node.net.transport import ByteStream, MemoryNetwork, TransportError
+from murmur.node.lab.simulation.links import LinkTransport
+from murmur.node.net.transport import ByteStream, MemoryNetwork, TransportError
 
 LATENCY, BANDWIDTH = 0.05, 1000.0  # 50 ms, 1 kB/s
 

@@ -6,7 +6,15 @@ import random
 
 import pytest
 
-from node.lab.simulation.topologies import Alone, FullView, Partial, Ring, TopologyTable, connected, make_topology
+from murmur.node.lab.simulation.topologies import (
+    Alone,
+    FullView,
+    Partial,
+    Ring,
+    TopologyTable,
+    connected,
+    make_topology,
+)
 
 
 def _joined(topology, n: int, seed: int = 0):  # type: ignore[no-untyped-def]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from node.ops.status import STATUS_FILE, StatusUnavailable, load_status, main, unhealthy_reason
+from murmur.node.ops.status import STATUS_FILE, StatusUnavailable, load_status, main, unhealthy_reason
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,7 +67,7 @@ def test_missing_or_unreadable_status_is_one_line_and_exit_1(
 
 def _murmur(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "node.cli", *argv],
+        [sys.executable, "-m", "murmur.node.cli", *argv],
         check=False,
         capture_output=True,
         text=True,
@@ -83,7 +83,7 @@ def test_a_running_node_is_observable_and_a_stopped_one_unhealthy(tmp_path: Path
     config.write_text(f'data-dir = "{data}"\nlisten = ["/ip4/127.0.0.1/tcp/0"]\nlog-format = "json"\n')
     # Configured as a container would be: a TOML file plus MURMUR_* variables.
     env = {**os.environ, "MURMUR_CONFIG": str(config), "MURMUR_METRICS_PORT": "0", "MURMUR_CHECKPOINT_EVERY": "3600"}
-    node = subprocess.Popen([sys.executable, "-m", "node.cli", "run"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+    node = subprocess.Popen([sys.executable, "-m", "murmur.node.cli", "run"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 60

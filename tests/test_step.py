@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from node.learn.step import TIMER_SLACK_S, Pacing, train_step
-from node.learn.tasks import DigitsTask
+from murmur.node.learn.step import TIMER_SLACK_S, Pacing, train_step
+from murmur.node.learn.tasks import DigitsTask
 
 
 def test_step_time_pads_each_step_to_its_emulated_duration() -> None:

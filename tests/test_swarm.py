@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from node.lab.swarm import start_peer, start_swarm, stop_swarm
-from node.ops.run import build_run_parser
+from murmur.node.lab.swarm import start_peer, start_swarm, stop_swarm
+from murmur.node.ops.run import build_run_parser
 
 
 def test_local_peers_run_one_torch_thread_each_unless_told_otherwise(tmp_path: Path) -> None:
@@ -95,7 +95,7 @@ def test_graceful_leave_checkpoints_and_neighbours_drop_the_peer_at_once(tmp_pat
 def test_forked_peer_runs_murmur_in_its_own_session_and_stops_by_pid(tmp_path: Path) -> None:
     import os
 
-    from node.lab.swarm import ForkedPeer, stop_processes
+    from murmur.node.lab.swarm import ForkedPeer, stop_processes
 
     start_file = tmp_path / "start"
     peer = ForkedPeer(["run", "--task", "digits", "--data-dir", str(tmp_path / "p"), "--listen", "/ip4/127.0.0.1/tcp/0",
@@ -116,7 +116,7 @@ def test_forked_peer_runs_murmur_in_its_own_session_and_stops_by_pid(tmp_path: P
 
 
 def test_local_swarm_peers_do_not_inherit_murmur_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    from node.lab.swarm import peer_environment
+    from murmur.node.lab.swarm import peer_environment
 
     monkeypatch.setenv("MURMUR_METRICS_PORT", "9100")  # every peer after the first could not bind it
     monkeypatch.setenv("PATH_FOR_TEST", "kept")
@@ -125,7 +125,7 @@ def test_local_swarm_peers_do_not_inherit_murmur_settings(monkeypatch: pytest.Mo
 
 
 def test_only_murmur_run_peers_can_be_forked(tmp_path: Path) -> None:
-    from node.lab.swarm import start_peer
+    from murmur.node.lab.swarm import start_peer
 
     with pytest.raises(ValueError, match="only `murmur run` peers can be forked"):
         start_peer(0, tmp_path, 1.0, [], None, command=["adversary"], fork=True)
@@ -144,8 +144,8 @@ def test_swarm_with_the_outer_rule_and_merged_optimizer_state_learns_over_libp2p
     assert codes == [0, 0, 0]
     import torch
 
-    from node.learn.checkpoint import load_latest
-    from node.ops.node import CHECKPOINT_DIR
+    from murmur.node.learn.checkpoint import load_latest
+    from murmur.node.ops.node import CHECKPOINT_DIR
 
     for peer in peers:
         assert "Traceback" not in (peer.data_dir / "log.txt").read_text()

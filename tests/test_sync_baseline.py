@@ -14,8 +14,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from node.lab import sync_baseline as sb
-from node.learn.tasks import DigitsTask
+from murmur.node.lab import sync_baseline as sb
+from murmur.node.learn.tasks import DigitsTask
 
 SLOWDOWNS = [1.0, 2.0]
 DURATION = 3.0
@@ -135,7 +135,7 @@ def test_over_links_every_rank_needs_a_namespace_and_a_work_dir(tmp_path) -> Non
 def test_a_rank_started_as_its_own_program_reads_its_config_from_json() -> None:
     from dataclasses import asdict
 
-    from node.lab.sync_rank import Config, config_from_json
+    from murmur.node.lab.sync_rank import Config, config_from_json
 
     cfg = Config("digits", (1.0, 2.0), "equal", 3.0, 10.0, None, 1.0, 0, 29500, 60.0, store_host="10.1.0.1", store_on_rank0=True)
     assert config_from_json(json.dumps(asdict(cfg))) == cfg  # what run_sync hands a rank in a namespace

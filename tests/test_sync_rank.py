@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from node.lab import sync_rank as sr
-from node.learn.step import train_step
+from murmur.node.lab import sync_rank as sr
+from murmur.node.learn.step import train_step
 
 
 class Regression:

@@ -13,8 +13,8 @@ import torch
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-from node.learn.tasks import CharLMTask, DigitsTask, Task, UnknownTask, load_task
-from node.learn.tasks.digits import _split
+from murmur.node.learn.tasks import CharLMTask, DigitsTask, Task, UnknownTask, load_task
+from murmur.node.learn.tasks.digits import _split
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -111,10 +111,10 @@ def test_charlm_model_size_and_learns() -> None:
 def test_load_task_by_name_and_path() -> None:
     assert isinstance(load_task("digits"), DigitsTask)
     assert isinstance(load_task("charlm"), CharLMTask)
-    assert isinstance(load_task("node.learn.tasks.digits:DigitsTask"), DigitsTask)
+    assert isinstance(load_task("murmur.node.learn.tasks.digits:DigitsTask"), DigitsTask)
 
 
-@pytest.mark.parametrize("spec", ["nope", "node.learn.tasks.digits:Nope", "no_such_module:Task"])
+@pytest.mark.parametrize("spec", ["nope", "murmur.node.learn.tasks.digits:Nope", "no_such_module:Task"])
 def test_load_task_unknown_names_the_spec(spec: str) -> None:
     with pytest.raises(UnknownTask, match=re.escape(repr(spec))):
         load_task(spec)
@@ -123,7 +123,7 @@ def test_load_task_unknown_names_the_spec(spec: str) -> None:
 def test_digits_are_read_exactly_as_scikit_learn_loads_them() -> None:
     from sklearn.datasets import load_digits
 
-    from node.learn.tasks.digits import load_digits_data
+    from murmur.node.learn.tasks.digits import load_digits_data
 
     data, target = load_digits_data()
     reference = load_digits()

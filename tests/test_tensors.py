@@ -14,12 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from node.learn.checkpoint import read_checkpoint, save_checkpoint
-from node.learn.rules import MergeRule, MixDecision
-from node.learn.step import train_step
-from node.learn.tasks.task import Batch, Metric
-from node.learn.tensors import OPTIMIZER_PREFIX, ExchangedTensors, UnsupportedOptimizerState
-from node.learn.trainer import Trainer
+from murmur.node.learn.checkpoint import read_checkpoint, save_checkpoint
+from murmur.node.learn.rules import MergeRule, MixDecision
+from murmur.node.learn.step import train_step
+from murmur.node.learn.tasks.task import Batch, Metric
+from murmur.node.learn.tensors import OPTIMIZER_PREFIX, ExchangedTensors, UnsupportedOptimizerState
+from murmur.node.learn.trainer import Trainer
 
 VOCAB, DIM = 16, 8
 MakeOptimizer = Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer]

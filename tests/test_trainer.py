@@ -11,11 +11,11 @@ import anyio
 import pytest
 import torch
 
-from node.learn.checkpoint import read_checkpoint, save_checkpoint
-from node.learn.rules import MergeDelta, UniformRule, WorkRule
-from node.learn.step import Pacing
-from node.learn.tasks import DigitsTask
-from node.learn.trainer import Evaluation, Trainer, TrainStats, train
+from murmur.node.learn.checkpoint import read_checkpoint, save_checkpoint
+from murmur.node.learn.rules import MergeDelta, UniformRule, WorkRule
+from murmur.node.learn.step import Pacing
+from murmur.node.learn.tasks import DigitsTask
+from murmur.node.learn.trainer import Evaluation, Trainer, TrainStats, train
 
 pytestmark = pytest.mark.anyio
 

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from node.learn.user_loop import ForeignOptimizer, StepGate, check_optimizer
+from murmur.node.learn.user_loop import ForeignOptimizer, StepGate, check_optimizer
 
 
 def _wait_queued(gate: StepGate, n: int) -> None:

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from node.net.peers import PeerTable
-from node.net.view import Descriptor, PartialView
+from murmur.node.net.peers import PeerTable
+from murmur.node.net.view import Descriptor, PartialView
 
 SELF = "self"
 

@@ -20,20 +20,20 @@ from typing import Any
 
 import anyio
 
-from node.averaging import params
-from node.learn.rules import MixDecision
-from node.learn.runtime import Runtime
-from node.learn.screening import ClippedGossip, WorkClaimLimiter
-from node.learn.trainer import Snapshot, Trainer
-from node.net.conversation import Conversation
-from node.net.membership import TaskIdentity
-from node.net.peers import PeerTable
-from node.net.security import BanList
-from node.net.transport import ByteStream, Transport, TransportError
-from protocol.codec import WIRE_DTYPES, WireState, check_wire_dtype
-from protocol.errors import OFFENCES, ProtocolError
-from protocol.exchange import AVERAGE, STATE_SYNC, Exchange, Role
-from protocol.messages import Abort, Accept, Busy, Commit, Offer, Refuse, StateReply, StateRequest
+from murmur.node.averaging import params
+from murmur.node.learn.rules import MixDecision
+from murmur.node.learn.runtime import Runtime
+from murmur.node.learn.screening import ClippedGossip, WorkClaimLimiter
+from murmur.node.learn.trainer import Snapshot, Trainer
+from murmur.node.net.conversation import Conversation
+from murmur.node.net.membership import TaskIdentity
+from murmur.node.net.peers import PeerTable
+from murmur.node.net.security import BanList
+from murmur.node.net.transport import ByteStream, Transport, TransportError
+from murmur.protocol.codec import WIRE_DTYPES, WireState, check_wire_dtype
+from murmur.protocol.errors import OFFENCES, ProtocolError
+from murmur.protocol.exchange import AVERAGE, STATE_SYNC, Exchange, Role
+from murmur.protocol.messages import Abort, Accept, Busy, Commit, Offer, Refuse, StateReply, StateRequest
 
 AVERAGE_PROTOCOL = "/murmur/average/2.0.0"
 STATE_PROTOCOL = "/murmur/state/2.0.0"

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import random
 
-from node.averaging.averager import AVERAGE_PROTOCOL, STATE_PROTOCOL, Averager
-from node.learn.runtime import Runtime
-from node.learn.screening import ClippedGossip, WorkClaimLimiter
-from node.learn.trainer import Trainer
-from node.net.membership import TaskIdentity
-from node.net.peers import PeerTable
-from node.net.security import BanList
-from node.net.transport import Transport
+from murmur.node.averaging.averager import AVERAGE_PROTOCOL, STATE_PROTOCOL, Averager
+from murmur.node.learn.runtime import Runtime
+from murmur.node.learn.screening import ClippedGossip, WorkClaimLimiter
+from murmur.node.learn.trainer import Trainer
+from murmur.node.net.membership import TaskIdentity
+from murmur.node.net.peers import PeerTable
+from murmur.node.net.security import BanList
+from murmur.node.net.transport import Transport
 
 
 def build_averager(

@@ -7,10 +7,10 @@ from typing import Any
 
 import anyio.to_thread
 
-from node.net.conversation import Conversation
-from protocol.codec import TensorSpec, WireDecoder, WireState, wire_chunks
-from protocol.errors import TensorMismatch
-from protocol.messages import Chunk, Params
+from murmur.node.net.conversation import Conversation
+from murmur.protocol.codec import TensorSpec, WireDecoder, WireState, wire_chunks
+from murmur.protocol.errors import TensorMismatch
+from murmur.protocol.messages import Chunk, Params
 
 
 async def send_params(conv: Conversation, wire: WireState, spec: TensorSpec) -> int:

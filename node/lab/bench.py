@@ -29,7 +29,7 @@ markdown table to `--out`.
     murmur bench --link-mbit 20     # slow links (SLOW_LINK): charlm-large, every peer capped at 20 Mbit/s (root)
     murmur bench --link-mbit 100,50,20,10   # the same with one cap per peer, in peer order (SLOW_LINK_UNEVEN)
 
-Slow links (`--link-mbit`, `node.lab.links`): every Murmur peer and every sync or diloco rank runs in its
+Slow links (`--link-mbit`, `murmur.node.lab.links`): every Murmur peer and every sync or diloco rank runs in its
 own network namespace on a veth pair capped with `tc tbf`; the peers listen on their namespace's address and
 bootstrap to peer 0's, the ranks' gloo binds to the capped veth. Each run builds its namespaces and removes
 them (with every process in them) when it ends, fails or is interrupted. Peers and ranks start as fresh
@@ -52,7 +52,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from node.lab.bench_config import (
+from murmur.node.lab.bench_config import (
     DEFAULT,
     METHODS,
     MIXES,
@@ -64,8 +64,8 @@ from node.lab.bench_config import (
     SWEEP_SCALES,
     TASKS,
 )
-from node.lab.bench_report import report, rescore, score
-from node.lab.links import (
+from murmur.node.lab.bench_report import report, rescore, score
+from murmur.node.lab.links import (
     LinkSpecError,
     LinksUnavailable,
     caps_for,
@@ -73,12 +73,12 @@ from node.lab.links import (
     parse_link_mbit,
     peer_links,
 )
-from node.lab.netns import Netns
-from node.lab.progress import Progress
-from node.lab.swarm import FORK_PRELOAD, ONE_THREAD, ForkedPeer, murmur_command, peer_environment, stop_processes
-from node.lab.sync_baseline import RANK_MODULE, run_sync
-from node.ops.node import METRICS_FILE
-from node.ops.status import StatusUnavailable, load_status
+from murmur.node.lab.netns import Netns
+from murmur.node.lab.progress import Progress
+from murmur.node.lab.swarm import FORK_PRELOAD, ONE_THREAD, ForkedPeer, murmur_command, peer_environment, stop_processes
+from murmur.node.lab.sync_baseline import RANK_MODULE, run_sync
+from murmur.node.ops.node import METRICS_FILE
+from murmur.node.ops.status import StatusUnavailable, load_status
 
 START_MARGIN_S = 0.3  # from the start file's writing to the start time it holds: every peer reads it in time
 
@@ -91,7 +91,7 @@ def _free_port() -> int:
 
 def _peer_id(data_dir: Path) -> str:
     """The peer ID `murmur run --data-dir data_dir` will have (its key is created now)."""
-    from node.net.identity import load_or_create_identity, peer_id_of
+    from murmur.node.net.identity import load_or_create_identity, peer_id_of
 
     return peer_id_of(load_or_create_identity(data_dir))
 
@@ -245,7 +245,7 @@ def run_method(
 ) -> dict:
     """Run one method (or the ideal) on the task's workload at `lr_scale` (default: the task's chosen scale).
 
-    With `link_mbit` (one cap per peer) the run gets its own capped namespaces (`node.lab.links.peer_links`),
+    With `link_mbit` (one cap per peer) the run gets its own capped namespaces (`murmur.node.lab.links.peer_links`),
     removed when it ends; the result records the caps under "link_mbit" (None on loopback).
     """
     spec = TASKS[task]

@@ -8,7 +8,7 @@ import json
 import statistics
 from pathlib import Path
 
-from node.lab.bench_config import MIXES, SWEEP_METHODS, TASKS
+from murmur.node.lab.bench_config import MIXES, SWEEP_METHODS, TASKS
 
 
 def _at_samples(result: dict, metric: str, samples: float) -> float | None:
@@ -83,7 +83,7 @@ def _labels(results: list[dict]) -> list[str]:
 
 def base_lr(task: str) -> float:
     """The learning rate the task's own optimizer starts with (its first parameter group's)."""
-    from node.learn.tasks import load_task
+    from murmur.node.learn.tasks import load_task
 
     spec = load_task(task)
     return spec.make_optimizer(spec.build_model()).param_groups[0]["lr"]

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from node.learn.rules import make_rule
-from node.learn.step import scale_learning_rate, train_step
-from node.learn.tasks import Task
-from node.learn.trainer import Trainer
+from murmur.node.learn.rules import make_rule
+from murmur.node.learn.step import scale_learning_rate, train_step
+from murmur.node.learn.tasks import Task
+from murmur.node.learn.trainer import Trainer
 
 
 @dataclass(frozen=True)
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     import time
     from pathlib import Path
 
-    from node.learn.tasks import load_task
+    from murmur.node.learn.tasks import load_task
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", default="charlm")

@@ -2,7 +2,7 @@
 peers each behind its own NAT router, every one a `murmur run` process in its own network namespace.
 
 Used by `tests/test_nat.py` and `scripts/nat_measure.py`. Needs root, iproute2 and iptables
-(`node.lab.netns.netns_unavailable_reason`).
+(`murmur.node.lab.netns.netns_unavailable_reason`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from node.lab.netns import Netns, Network
+from murmur.node.lab.netns import Netns, Network
 
 PORT = 4001
 PUNCH_LINE = re.compile(r"direct connection to (\w+) \(hole punched\)")
@@ -74,7 +74,7 @@ class NatSwarm:
     def _start(self, name: str, *args: str) -> None:
         data = self.root / name
         data.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", "node.cli", "run", "--data-dir", str(data), "--listen", f"/ip4/0.0.0.0/tcp/{PORT}",
+        argv = [sys.executable, "-m", "murmur.node.cli", "run", "--data-dir", str(data), "--listen", f"/ip4/0.0.0.0/tcp/{PORT}",
                 "--addr-file", str(data / "addrs.txt"), "--threads", "1", "--duration", str(self.duration),
                 *self.extra, *args]
         with (data / "log.txt").open("w") as log:

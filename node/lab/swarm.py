@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from node.ops.node import METRICS_FILE, STATUS_FILE
+from murmur.node.ops.node import METRICS_FILE, STATUS_FILE
 
 
 class SwarmError(RuntimeError):
@@ -47,7 +47,7 @@ class Peer:
 
 
 def murmur_command() -> list[str]:
-    return [sys.executable, "-m", "node.cli"]
+    return [sys.executable, "-m", "murmur.node.cli"]
 
 
 def peer_environment() -> dict[str, str]:
@@ -59,7 +59,7 @@ def peer_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("MURMUR_")}
 
 
-FORK_PRELOAD = ["node.lab.preload"]  # what the fork server imports once (see node/lab/preload.py)
+FORK_PRELOAD = ["murmur.node.lab.preload"]  # what the fork server imports once (see node/lab/preload.py)
 # Local peers share this machine's cores: one torch thread each. The node leaves the count
 # to its operator (`--threads`), so whatever starts several peers on one machine passes this.
 ONE_THREAD = ["--threads", "1"]
@@ -68,7 +68,7 @@ ONE_THREAD = ["--threads", "1"]
 class ForkedPeer:
     """`murmur run ARGV` in a process forked from a server that has imported everything once.
 
-    The peer runs the command's own code (`node.ops.run.main`) in its own OS process and
+    The peer runs the command's own code (`murmur.node.ops.run.main`) in its own OS process and
     session, with its output in `log_path` and no `MURMUR_*` settings, like `start_peer`'s
     peers; it is ready in about a second instead of several. Popen-like (`pid`, `poll`,
     `wait`, `kill`, `returncode`), so `stop_processes` stops it by PID.
@@ -108,7 +108,7 @@ def _forked_murmur(argv: list[str], log_path: str) -> None:
     os.setsid()  # as start_new_session: Ctrl-C reaches only the controller, which stops peers by PID
     for key in [k for k in os.environ if k.startswith("MURMUR_")]:
         del os.environ[key]
-    from node.ops import run
+    from murmur.node.ops import run
 
     if argv[:1] != ["run"]:
         raise ValueError(f"a forked peer runs `murmur run`, not {argv[:1]}")

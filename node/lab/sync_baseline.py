@@ -4,17 +4,17 @@ N ranks run as separate OS processes (forked from a torch-preloaded server) in o
 on 127.0.0.1. Every step each rank computes the gradient of its own batch, then all
 ranks all-reduce the gradients (which doubles as the per-step barrier) and take the
 same optimizer step, so the model stays identical everywhere. The rank's side is
-`node.lab.sync_rank`; this module starts the ranks, collects their results and
+`murmur.node.lab.sync_rank`; this module starts the ranks, collects their results and
 reports them.
 
-Modes (`diloco`: see `node.lab.sync_rank`):
+Modes (`diloco`: see `murmur.node.lab.sync_rank`):
   equal         every rank uses the task's `batch_size`; gradients are averaged.
   proportional  rank r uses round(B * n * speed_r / sum(speeds)) samples (>= 1),
                 speed_r = 1 / slowdown_r; gradients are sample-weighted: each rank
                 scales its mean-loss gradient by its batch, the sum is all-reduced
                 and divided by the total number of samples in the step.
 
-Heterogeneity is emulated as on a Murmur node (`node.learn.step.Pacing`): after the
+Heterogeneity is emulated as on a Murmur node (`murmur.node.learn.step.Pacing`): after the
 local compute of a step (drawing the batch, forward, backward) a rank with slowdown S
 sleeps so that the step takes S * step_time_ms * batch / 32 ms (minus what the compute
 really took), or, without `step_time_ms`, sleeps (S - 1) times the measured compute.
@@ -27,13 +27,13 @@ time; evaluation pauses every rank's clock. Training ends on every rank after th
 step: once rank 0's training time reaches `duration`, or once the target metric is reached.
 
 Over slow links (`run_sync(..., links=...)`, from `murmur bench --link-mbit`) each rank runs in its own
-network namespace (`node.lab.links`), started as its own program (`python -m node.lab.sync_rank`: a fork
+network namespace (`murmur.node.lab.links`), started as its own program (`python -m murmur.node.lab.sync_rank`: a fork
 server cannot hand a child to another namespace); rank 0 hosts the rendezvous store on its namespace's
 address and gloo binds to each namespace's capped veth (`GLOO_SOCKET_IFNAME`), so every all-reduce crosses
 the capped links. Start-up stays excluded: the clock still starts at the ranks' first barrier.
 
 Library use: `run_sync(...)` returns a JSON-serialisable dict. CLI:
-  python -m node.lab.sync_baseline --task digits --slowdowns 1,1,2,4 --mode equal \
+  python -m murmur.node.lab.sync_baseline --task digits --slowdowns 1,1,2,4 --mode equal \
       --step-time-ms 20 --duration 20 --out results/sync.json
 """
 
@@ -54,11 +54,11 @@ from typing import Any, Sequence
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from node.lab.links import LINK_DEVICE
-from node.lab.netns import Netns
-from node.lab.sync_rank import HOST, MODES, Config, meets, worker
+from murmur.node.lab.links import LINK_DEVICE
+from murmur.node.lab.netns import Netns
+from murmur.node.lab.sync_rank import HOST, MODES, Config, meets, worker
 
-RANK_MODULE = "node.lab.sync_rank"  # what the ranks' fork server preloads
+RANK_MODULE = "murmur.node.lab.sync_rank"  # what the ranks' fork server preloads
 STORE_PORT = 29500  # over links: rank 0's namespace is new and empty, so a fixed port is free there
 
 
@@ -136,8 +136,8 @@ def run_sync(
     run is abandoned after `timeout_s` (default 600 + 2 * duration). Any rank failure
     ends all ranks and raises `RankFailed` with the rank's traceback. `lr_scale`
     multiplies the task's learning rate; `local_steps`, `outer_lr` and `outer_momentum`
-    configure mode `diloco` (see `node.lab.sync_rank`). With `links` (one namespace per rank, from
-    `node.lab.links.peer_links`) rank r runs in `links[r]` as its own program, its log and result
+    configure mode `diloco` (see `murmur.node.lab.sync_rank`). With `links` (one namespace per rank, from
+    `murmur.node.lab.links.peer_links`) rank r runs in `links[r]` as its own program, its log and result
     files under `work_dir` (required then).
 
     Returns {"method", "task", "mode", "metric", "slowdowns", "step_time_ms", "target",
@@ -194,7 +194,7 @@ def _run_forked(cfg: Config, store: dist.TCPStore, deadline: float) -> dict[int,
 
 
 def _run_in_namespaces(cfg: Config, links: Sequence[Netns], work_dir: Path, deadline: float) -> dict[int, dict[str, Any]]:
-    """Rank r as `python -m node.lab.sync_rank` in namespace `links[r]`; their outputs by rank.
+    """Rank r as `python -m murmur.node.lab.sync_rank` in namespace `links[r]`; their outputs by rank.
 
     Raises `RankFailed` (with the rank's traceback, or its log's tail) when a rank fails or at `deadline`;
     every rank is ended by PID either way.

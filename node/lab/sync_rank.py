@@ -1,4 +1,4 @@
-"""One rank of the synchronous baseline (`node.lab.sync_baseline`): its process and training loop.
+"""One rank of the synchronous baseline (`murmur.node.lab.sync_baseline`): its process and training loop.
 
 Every step the rank draws its batch and runs `train_step`; between backward and the
 optimizer step (the `before_update` hook) it
@@ -47,8 +47,8 @@ from typing import Any, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
-from node.learn.step import Pacing, scale_learning_rate, train_step
-from node.learn.tasks import Batch, Task, load_task
+from murmur.node.learn.step import Pacing, scale_learning_rate, train_step
+from murmur.node.learn.tasks import Batch, Task, load_task
 
 MODES = ("equal", "proportional", "diloco")
 HOST = "127.0.0.1"
@@ -329,8 +329,8 @@ def worker(rank: int, cfg: Config, results: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m node.lab.sync_rank --rank R --config JSON --out FILE`: one rank, started by `run_sync` over links."""
-    parser = argparse.ArgumentParser(description="One rank of the synchronous baseline (started by node.lab.sync_baseline).")
+    """`python -m murmur.node.lab.sync_rank --rank R --config JSON --out FILE`: one rank, started by `run_sync` over links."""
+    parser = argparse.ArgumentParser(description="One rank of the synchronous baseline (started by murmur.node.lab.sync_baseline).")
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--config", required=True, help="the run's Config as JSON")
     parser.add_argument("--out", required=True, help="write the rank's result JSON here")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from protocol.codec import pieces
+from murmur.protocol.codec import pieces
 
 
 @dataclass(frozen=True)

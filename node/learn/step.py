@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from node.learn.device import autocast
-from node.learn.tasks import Batch, Task
+from murmur.node.learn.device import autocast
+from murmur.node.learn.tasks import Batch, Task
 
 # The event loop's timers wake up to ~1-2 ms late (epoll timeouts are whole milliseconds);
 # a real device would already hold the next step by then, so such lateness is not idle time.

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 import anyio
 import torch
 
-from node.learn.device import check_mixed_precision, cpu_copy, to_device
-from node.learn.rules import MergeRule, WorkRule
-from node.learn.runtime import Runtime
-from node.learn.step import Pacing, train_step
-from node.learn.tasks import Task
-from node.learn.tensors import ExchangedTensors
-from protocol.codec import TensorSpec, WireState, pieces, quantize
+from murmur.node.learn.device import check_mixed_precision, cpu_copy, to_device
+from murmur.node.learn.rules import MergeRule, WorkRule
+from murmur.node.learn.runtime import Runtime
+from murmur.node.learn.step import Pacing, train_step
+from murmur.node.learn.tasks import Task
+from murmur.node.learn.tensors import ExchangedTensors
+from murmur.protocol.codec import TensorSpec, WireState, pieces, quantize
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class Trainer:
         self, task: Task, shard: int, device: str | torch.device = "cpu", mixed_precision: bool = False,
         *, rule: MergeRule | None = None, runtime: Runtime = Runtime(),
     ) -> None:
-        """Build `task`'s model on `device` (an explicit one: see `node.learn.device.resolve_device`).
+        """Build `task`'s model on `device` (an explicit one: see `murmur.node.learn.device.resolve_device`).
 
         `mixed_precision` runs the forward pass and loss under bf16 autocast (parameters and
         optimizer state stay in their own dtype); raises `DeviceError` where that is refused.

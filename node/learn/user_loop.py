@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from node.learn.rules import MergeRule
-from node.learn.tasks import Batch, Metric
-from node.learn.trainer import Evaluation, Snapshot, Trainer
+from murmur.node.learn.rules import MergeRule
+from murmur.node.learn.tasks import Batch, Metric
+from murmur.node.learn.trainer import Evaluation, Snapshot, Trainer
 
 T = TypeVar("T")
 log = logging.getLogger("murmur.peer")

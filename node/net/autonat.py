@@ -34,7 +34,7 @@ from libp2p.host.basic_host import BasicHost
 from libp2p.peer.id import ID
 from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
 
-from node.net.relay import is_relayed
+from murmur.node.net.relay import is_relayed
 
 log = logging.getLogger("murmur.autonat")
 

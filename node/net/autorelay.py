@@ -18,8 +18,8 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL
 
-from node.net.autonat import PRIVATE
-from node.net.relay import CircuitRelay, RelayError, is_circuit, is_relayed
+from murmur.node.net.autonat import PRIVATE
+from murmur.node.net.relay import CircuitRelay, RelayError, is_circuit, is_relayed
 
 log = logging.getLogger("murmur.autorelay")
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from node.net.transport import ByteStream
-from protocol.errors import PeerAborted, ProtocolViolation
-from protocol.exchange import Exchange
-from protocol.messages import Abort, Message
+from murmur.node.net.transport import ByteStream
+from murmur.protocol.errors import PeerAborted, ProtocolViolation
+from murmur.protocol.exchange import Exchange
+from murmur.protocol.messages import Abort, Message
 
 
 class Conversation:

@@ -29,7 +29,7 @@ from libp2p.peer.id import ID
 from libp2p.relay.circuit_v2 import dcutr
 from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
 
-from node.net.relay import is_relayed
+from murmur.node.net.relay import is_relayed
 
 log = logging.getLogger("murmur.holepunch")
 

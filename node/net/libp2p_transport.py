@@ -1,6 +1,6 @@
 """The real transport: py-libp2p over TCP with Noise (only) and yamux, relays included.
 
-Behind the `Transport` interface of `node.net.transport`; passes the same conformance
+Behind the `Transport` interface of `murmur.node.net.transport`; passes the same conformance
 test as `MemoryTransport` (`tests/test_transport.py`).
 """
 
@@ -22,12 +22,12 @@ from libp2p.peer.peerinfo import PeerInfo
 from libp2p.tools.anyio_service import background_trio_service
 from libp2p.utils.address_validation import expand_wildcard_address
 
-from node.net.autonat import UNKNOWN, AutoNatClient, AutoNatServer
-from node.net.autorelay import RelayFinder
-from node.net.holepunch import HolePuncher, connection_kinds
-from node.net.host import build_host
-from node.net.relay import CircuitRelay, RelayError, is_circuit
-from node.net.transport import READ_CHUNK, ByteStream, StreamHandler, Transport, TransportError
+from murmur.node.net.autonat import UNKNOWN, AutoNatClient, AutoNatServer
+from murmur.node.net.autorelay import RelayFinder
+from murmur.node.net.holepunch import HolePuncher, connection_kinds
+from murmur.node.net.host import build_host
+from murmur.node.net.relay import CircuitRelay, RelayError, is_circuit
+from murmur.node.net.transport import READ_CHUNK, ByteStream, StreamHandler, Transport, TransportError
 
 # When a peer offers a relayed address too, a direct dial gets this long before we use the relay:
 # an unreachable NAT address may hang until the TCP timeout.

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 
 import anyio
 
-from node.net.conversation import Conversation
-from node.net.peers import PeerTable
-from node.net.security import BanList
-from node.net.transport import ByteStream, Transport, TransportError
-from protocol.errors import OFFENCES, ProtocolError
-from protocol.exchange import PEER_EXCHANGE, Exchange, Role
-from protocol.messages import Hello, PeerSummary, Refuse
+from murmur.node.net.conversation import Conversation
+from murmur.node.net.peers import PeerTable
+from murmur.node.net.security import BanList
+from murmur.node.net.transport import ByteStream, Transport, TransportError
+from murmur.protocol.errors import OFFENCES, ProtocolError
+from murmur.protocol.exchange import PEER_EXCHANGE, Exchange, Role
+from murmur.protocol.messages import Hello, PeerSummary, Refuse
 
 PEERS_PROTOCOL = "/murmur/peers/1.0.0"
 log = logging.getLogger("murmur.membership")

@@ -17,8 +17,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from node.net.view import PartialView
-from protocol.messages import MAX_PEERS_PER_HELLO, PeerRecord
+from murmur.node.net.view import PartialView
+from murmur.protocol.messages import MAX_PEERS_PER_HELLO, PeerRecord
 
 MAX_CANDIDATES = 256
 

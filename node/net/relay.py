@@ -5,7 +5,7 @@
 - Any node can dial such an address: the relay connects the two peers (HOP CONNECT).
 - A node with `hop=True` relays for others within `RELAY_LIMITS`.
 - With `auto=True` it serves relayed connections even without configured relays, and
-  `adopt()` adds relays found at run time (`node.net.autorelay`); a discovered relay that
+  `adopt()` adds relays found at run time (`murmur.node.net.autorelay`); a discovered relay that
   stops answering is dropped (`on_drop` is told) instead of being retried forever.
 
 A circuit carries an ordinary libp2p connection: the two ends run their own Noise

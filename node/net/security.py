@@ -29,7 +29,7 @@ from pathlib import Path
 
 import anyio
 
-from node.net.transport import (
+from murmur.node.net.transport import (
     READ_CHUNK,
     ByteStream,
     ForwardingStream,
@@ -38,7 +38,7 @@ from node.net.transport import (
     Transport,
     TransportError,
 )
-from protocol.errors import RemoteProtocolError
+from murmur.protocol.errors import RemoteProtocolError
 
 log = logging.getLogger("murmur.security")
 NONCE = 32

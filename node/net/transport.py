@@ -1,6 +1,6 @@
 """How peers reach each other: one small `Transport` interface, two implementations.
 
-`Libp2pTransport` (`node.net.libp2p_transport`) is the real path (TCP + Noise + yamux);
+`Libp2pTransport` (`murmur.node.net.libp2p_transport`) is the real path (TCP + Noise + yamux);
 `MemoryTransport` connects transports of one `MemoryNetwork` inside a process, for
 simulation and tests. Both pass the same conformance test (`tests/test_transport.py`).
 

@@ -9,7 +9,7 @@ et al., "CYCLON: inexpensive membership management for unstructured P2P overlays
 2005). Views stay bounded, the overlay stays connected and close to a random graph,
 and a dead neighbour is dropped at the latest when it becomes the oldest.
 
-Pure state, like `node.net.peers`: no I/O and no clock (ages count shuffle rounds), so
+Pure state, like `murmur.node.net.peers`: no I/O and no clock (ages count shuffle rounds), so
 the simulator and the real node drive the same code. Decisions return a reason.
 """
 

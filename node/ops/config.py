@@ -25,8 +25,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
-from node.ops.logs import LOG_FORMATS, LOG_LEVELS
-from protocol.messages import WIRE_DTYPE_NAMES
+from murmur.node.ops.logs import LOG_FORMATS, LOG_LEVELS
+from murmur.protocol.messages import WIRE_DTYPE_NAMES
 
 ENV_PREFIX = "MURMUR_"
 CONFIG_OPTION = "config"  # names the file; not itself settable from the file
@@ -67,7 +67,7 @@ def option(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any]
 
 
 def _device_syntax(spec: str) -> str:
-    from node.learn.device import DeviceError, check_device_syntax
+    from murmur.node.learn.device import DeviceError, check_device_syntax
 
     try:
         return check_device_syntax(spec)
@@ -91,7 +91,7 @@ def _bootstrap_addr(text: str) -> str:
     import multiaddr
     from libp2p.peer.id import ID
 
-    from node.net.membership import parse_bootstrap
+    from murmur.node.net.membership import parse_bootstrap
 
     try:
         peer_id, _ = parse_bootstrap(text)
@@ -106,7 +106,7 @@ def _bootstrap_addr(text: str) -> str:
 
 
 def _relay_addr(text: str) -> str:
-    from node.net.relay import split_peer
+    from murmur.node.net.relay import split_peer
 
     if text == AUTO_RELAY:
         return text
@@ -133,19 +133,19 @@ def _view_size(text: str) -> int | None:
 
 
 def _rule_names() -> list[str]:
-    from node.learn.rules import RULES  # imports torch: only once a parser is built
+    from murmur.node.learn.rules import RULES  # imports torch: only once a parser is built
 
     return sorted(RULES)
 
 
 def _merge_names() -> list[str]:
-    from node.learn.rules import MERGES
+    from murmur.node.learn.rules import MERGES
 
     return list(MERGES)
 
 
 def _optimizer_state_names() -> list[str]:
-    from node.learn.rules import OPTIMIZER_STATE
+    from murmur.node.learn.rules import OPTIMIZER_STATE
 
     return list(OPTIMIZER_STATE)
 
@@ -223,7 +223,7 @@ class NodeConfig:
                                         "float32 (exact), bfloat16/float16 (half the bytes), int8 (a quarter, per-tensor scale)",
                              choices=lambda: WIRE_DTYPE_NAMES)
     device: str = option("auto", "auto, cpu, cuda, cuda:N or mps; auto = cuda if available, else mps, else cpu (default auto)",
-                         parse=_device_syntax, metavar="DEVICE")  # node.learn.device.resolve_device
+                         parse=_device_syntax, metavar="DEVICE")  # murmur.node.learn.device.resolve_device
     mixed_precision: bool = option(False, "bf16 autocast for forward pass and loss (CUDA only)")
     metrics_port: int | None = option(None, "serve Prometheus metrics at http://HOST:PORT/metrics and a dashboard at http://HOST:PORT/ (0: any free port; default off)",
                                       parse=_port, metavar="PORT")

@@ -26,8 +26,8 @@ from typing import Any
 import anyio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from node.ops.metrics import MetricsUnavailable
-from node.ops.status import _finite
+from murmur.node.ops.metrics import MetricsUnavailable
+from murmur.node.ops.status import _finite
 
 HISTORY_POINTS = 600  # per peer: 10 minutes at one point per second
 HISTORY_PEERS = 64  # peers whose history is kept (the newest seen win)
@@ -210,7 +210,7 @@ class DashboardState:
 
 
 def _static(name: str) -> bytes:
-    return resources.files("node.ops").joinpath("web", name).read_bytes()
+    return resources.files("murmur.node.ops").joinpath("web", name).read_bytes()
 
 
 def _handler(state: DashboardState) -> type[BaseHTTPRequestHandler]:

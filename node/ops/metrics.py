@@ -3,7 +3,7 @@
 `CountingTransport` counts the bytes of every Murmur stream by protocol. `NodeMetrics`
 holds one `CollectorRegistry` per node (never the process-global one, so several nodes
 in one process do not collide) and is updated from the node's own status, on the
-node's event loop; `node.ops.dashboard.serve_dashboard` serves it at `/metrics`, beside the dashboard.
+node's event loop; `murmur.node.ops.dashboard.serve_dashboard` serves it at `/metrics`, beside the dashboard.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Gauge, Histogram, Info
 from prometheus_client import Counter as PromCounter
 
-from node.net.transport import READ_CHUNK, ByteStream, ForwardingStream, StreamHandler
+from murmur.node.net.transport import READ_CHUNK, ByteStream, ForwardingStream, StreamHandler
 
 if TYPE_CHECKING:
-    from node.averaging.averager import Outcome
-    from node.net.transport import Transport
+    from murmur.node.averaging.averager import Outcome
+    from murmur.node.net.transport import Transport
 
 # Exchanges take milliseconds on loopback and up to the exchange timeout (10 s default) when a partner stalls.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)

@@ -23,22 +23,22 @@ import anyio
 import torch
 from libp2p.crypto.keys import KeyPair
 
-from node.averaging.averager import Outcome
-from node.averaging.factory import build_averager
-from node.learn.checkpoint import load_latest, save_checkpoint
-from node.learn.device import describe, resolve_device
-from node.learn.rules import MergeRule, make_rule
-from node.learn.step import Pacing, scale_learning_rate
-from node.learn.tasks import load_task
-from node.learn.trainer import Evaluation, Trainer, TrainStats, train
-from node.learn.user_loop import ModelMismatch, UserLoopTrainer
-from node.net.libp2p_transport import Libp2pTransport
-from node.net.membership import PEERS_PROTOCOL, Membership
-from node.net.peers import PeerTable
-from node.net.security import BanList, GuardedTransport, load_allow_list, load_secret
-from node.net.transport import Transport
-from node.ops.config import AUTO_RELAY, NodeConfig
-from node.ops.dashboard import (
+from murmur.node.averaging.averager import Outcome
+from murmur.node.averaging.factory import build_averager
+from murmur.node.learn.checkpoint import load_latest, save_checkpoint
+from murmur.node.learn.device import describe, resolve_device
+from murmur.node.learn.rules import MergeRule, make_rule
+from murmur.node.learn.step import Pacing, scale_learning_rate
+from murmur.node.learn.tasks import load_task
+from murmur.node.learn.trainer import Evaluation, Trainer, TrainStats, train
+from murmur.node.learn.user_loop import ModelMismatch, UserLoopTrainer
+from murmur.node.net.libp2p_transport import Libp2pTransport
+from murmur.node.net.membership import PEERS_PROTOCOL, Membership
+from murmur.node.net.peers import PeerTable
+from murmur.node.net.security import BanList, GuardedTransport, load_allow_list, load_secret
+from murmur.node.net.transport import Transport
+from murmur.node.ops.config import AUTO_RELAY, NodeConfig
+from murmur.node.ops.dashboard import (
     DashboardState,
     SwarmHistory,
     nonlocal_bind_warning,
@@ -46,9 +46,9 @@ from node.ops.dashboard import (
     serve_dashboard,
     swarm_view,
 )
-from node.ops.metrics import CountingTransport, NodeMetrics, Traffic
-from node.ops.status import STATUS_FILE
-from protocol.messages import PeerSummary
+from murmur.node.ops.metrics import CountingTransport, NodeMetrics, Traffic
+from murmur.node.ops.status import STATUS_FILE
+from murmur.protocol.messages import PeerSummary
 
 log = logging.getLogger("murmur.node")
 STATUS_INTERVAL = 1.0  # seconds between status.json writes (and metrics updates)

@@ -16,8 +16,8 @@ from typing import NoReturn
 
 import anyio
 
-from node.ops.config import ConfigError, add_options, resolve_options, run_settings
-from node.ops.logs import configure_logging
+from murmur.node.ops.config import ConfigError, add_options, resolve_options, run_settings
+from murmur.node.ops.logs import configure_logging
 
 RUN_EPILOG = (
     "Every option can also be set as an environment variable MURMUR_<OPTION> (e.g. MURMUR_BOOTSTRAP, "
@@ -36,7 +36,7 @@ def build_run_parser() -> argparse.ArgumentParser:
 
 async def _run_until_signal(config, key_pair) -> None:
     """Run a node; the first SIGINT/SIGTERM stops it gracefully, a second one at once."""
-    from node.ops.node import build_node
+    from murmur.node.ops.node import build_node
 
     node = build_node(config, key_pair)
     async with anyio.create_task_group() as tg:
@@ -69,9 +69,9 @@ def release_big_buffers_promptly() -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from node.learn.device import DeviceError, check_mixed_precision, resolve_device
-    from node.net.identity import load_or_create_identity, peer_id_of
-    from node.ops.metrics import MetricsUnavailable
+    from murmur.node.learn.device import DeviceError, check_mixed_precision, resolve_device
+    from murmur.node.net.identity import load_or_create_identity, peer_id_of
+    from murmur.node.ops.metrics import MetricsUnavailable
 
     config, options = run_settings(args)
     try:  # before anything else, so a wrong device costs one line and no half-started node

@@ -20,7 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-STATUS_FILE = "status.json"  # written by node.ops.node (which imports it from here: this module stays torch-free)
+STATUS_FILE = "status.json"  # written by murmur.node.ops.node (which imports it from here: this module stays torch-free)
 MAX_STALENESS_S = 30.0
 
 

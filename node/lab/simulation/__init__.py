@@ -27,11 +27,11 @@ runner behind `scripts/simulate.py`: `cli` and `report` (tables and plots).
 
 from __future__ import annotations
 
-from node.lab.simulation.allreduce import simulate_allreduce
-from node.lab.simulation.config import TOPOLOGIES, SimConfig, SimResult
-from node.lab.simulation.gossip import GossipSimulation, consensus_distance
-from node.lab.simulation.links import LinkTransport
-from node.lab.simulation.network import NetworkModel, Profile
+from murmur.node.lab.simulation.allreduce import simulate_allreduce
+from murmur.node.lab.simulation.config import TOPOLOGIES, SimConfig, SimResult
+from murmur.node.lab.simulation.gossip import GossipSimulation, consensus_distance
+from murmur.node.lab.simulation.links import LinkTransport
+from murmur.node.lab.simulation.network import NetworkModel, Profile
 
 __all__ = [
     "TOPOLOGIES", "GossipSimulation", "LinkTransport", "NetworkModel", "Profile", "SimConfig", "SimResult",

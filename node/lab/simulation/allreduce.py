@@ -7,8 +7,8 @@ import time
 
 import torch
 
-from node.lab.simulation.config import SimConfig, SimResult, accuracy_task
-from node.learn.step import train_step
+from murmur.node.lab.simulation.config import SimConfig, SimResult, accuracy_task
+from murmur.node.learn.step import train_step
 
 
 def simulate_allreduce(config: SimConfig) -> SimResult:

@@ -2,7 +2,7 @@
 
 Every gossip peer runs the real averager (merge policy, screening, exchange state
 machine, tensor codec, state sync) over simulated links in simulated time; see
-`node.lab.simulation` for the network model. For each swarm size and topology this
+`murmur.node.lab.simulation` for the network model. For each swarm size and topology this
 runs one simulation on the digits task and records held-out accuracy (of a sample of
 peers) and consensus distance (of all peers) on a simulated-time grid. `alone` (no
 averaging: the reference) runs at the smallest size only, since its peers never
@@ -26,9 +26,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Self
 
-from node.lab.progress import Progress
-from node.lab.simulation import TOPOLOGIES, NetworkModel, SimConfig, simulate
-from node.lab.simulation.report import fmt, write_report
+from murmur.node.lab.progress import Progress
+from murmur.node.lab.simulation import TOPOLOGIES, NetworkModel, SimConfig, simulate
+from murmur.node.lab.simulation.report import fmt, write_report
 
 
 def parse_args(argv: list[str] | None, root: Path) -> argparse.Namespace:

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from node.lab.simulation.network import NetworkModel
-from node.learn.tasks import Task, load_task
+from murmur.node.lab.simulation.network import NetworkModel
+from murmur.node.learn.tasks import Task, load_task
 
 TOPOLOGIES = ("gossip", "partial", "ring", "allreduce", "alone")
 

@@ -22,16 +22,16 @@ import anyio
 import torch
 import trio.testing
 
-from node.averaging.averager import Averager
-from node.averaging.factory import build_averager
-from node.lab.simulation.config import SimConfig, SimResult, accuracy_task
-from node.lab.simulation.links import LinkTransport
-from node.lab.simulation.network import Profile
-from node.lab.simulation.topologies import Partial, TopologyTable, make_topology
-from node.learn.rules import make_rule
-from node.learn.runtime import Runtime
-from node.learn.trainer import Trainer
-from node.net.transport import MemoryNetwork
+from murmur.node.averaging.averager import Averager
+from murmur.node.averaging.factory import build_averager
+from murmur.node.lab.simulation.config import SimConfig, SimResult, accuracy_task
+from murmur.node.lab.simulation.links import LinkTransport
+from murmur.node.lab.simulation.network import Profile
+from murmur.node.lab.simulation.topologies import Partial, TopologyTable, make_topology
+from murmur.node.learn.rules import make_rule
+from murmur.node.learn.runtime import Runtime
+from murmur.node.learn.trainer import Trainer
+from murmur.node.net.transport import MemoryNetwork
 
 SIMULATED = Runtime.simulated()
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 
-from node.net.transport import READ_CHUNK, ByteStream, MemoryNetwork, MemoryTransport, TransportError
+from murmur.node.net.transport import READ_CHUNK, ByteStream, MemoryNetwork, MemoryTransport, TransportError
 
 
 class _LinkStream(ByteStream):

@@ -17,8 +17,8 @@ import statistics
 from collections import Counter
 from collections.abc import Sequence
 
-from node.net.peers import PeerEntry, PeerTable
-from node.net.view import PartialView
+from murmur.node.net.peers import PeerEntry, PeerTable
+from murmur.node.net.view import PartialView
 
 
 class Topology(abc.ABC):

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from node.learn.rules.outer import OuterRule
-from node.learn.rules.rule import MergeDelta, MergeRule, MixDecision, newcomer_decision
-from node.learn.rules.uniform import UniformRule
-from node.learn.rules.work import WorkRule
-from node.learn.tensors import ALL_OPTIMIZER_STATE
+from murmur.node.learn.rules.outer import OuterRule
+from murmur.node.learn.rules.rule import MergeDelta, MergeRule, MixDecision, newcomer_decision
+from murmur.node.learn.rules.uniform import UniformRule
+from murmur.node.learn.rules.work import WorkRule
+from murmur.node.learn.tensors import ALL_OPTIMIZER_STATE
 
 # How the two models of a pair are weighted (`--weighting`).
 RULES: dict[str, type[MergeRule]] = {rule.name: rule for rule in (UniformRule, WorkRule)}

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from node.learn.rules.rule import MergeDelta, MergeRule, MixDecision
-from node.learn.rules.work import WorkRule
+from murmur.node.learn.rules.rule import MergeDelta, MergeRule, MixDecision
+from murmur.node.learn.rules.work import WorkRule
 
 
 class _Delta(dict[str, torch.Tensor]):

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from protocol.codec import pieces
+from murmur.protocol.codec import pieces
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from node.learn.rules.rule import MergeRule, MixDecision
+from murmur.node.learn.rules.rule import MergeRule, MixDecision
 
 
 class UniformRule(MergeRule):

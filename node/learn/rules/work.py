@@ -5,7 +5,7 @@ Both sides keep the pair's mean weight, which conserves Σ weight × parameters 
 
 from __future__ import annotations
 
-from node.learn.rules.rule import MergeRule, MixDecision
+from murmur.node.learn.rules.rule import MergeRule, MixDecision
 
 
 class WorkRule(MergeRule):

@@ -1,9 +1,9 @@
 """Built-in tasks and the task loader."""
 
-from node.learn.tasks.charlm import CharLMTask
-from node.learn.tasks.charlm_large import CharLMLargeTask
-from node.learn.tasks.digits import DigitsTask
-from node.learn.tasks.task import Batch, Metric, Task, UnknownTask, load_task
+from murmur.node.learn.tasks.charlm import CharLMTask
+from murmur.node.learn.tasks.charlm_large import CharLMLargeTask
+from murmur.node.learn.tasks.digits import DigitsTask
+from murmur.node.learn.tasks.task import Batch, Metric, Task, UnknownTask, load_task
 
 BUILTIN_TASKS = {"digits": DigitsTask, "charlm": CharLMTask, "charlm-large": CharLMLargeTask}
 

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from node.learn.tasks.task import Batch, Metric
+from murmur.node.learn.tasks.task import Batch, Metric
 
 EXCLUDED_DIRS = frozenset({"test", "tests", "idlelib", "site-packages"})
 TRAIN_CAP_BYTES = 4 * 2**20

@@ -1,7 +1,7 @@
 """`charlm-large`: charlm's byte-level nanoGPT at a real size (about 2.15M parameters).
 
 Same corpus, vocabulary (the 256 byte values), split, optimizer and model classes as
-`charlm` (`node.learn.tasks.charlm`); only the shape differs: 4 pre-LayerNorm blocks of
+`charlm` (`murmur.node.learn.tasks.charlm`); only the shape differs: 4 pre-LayerNorm blocks of
 width 208 with 4 heads and a context of 64 bytes. Its float32 parameters are ~8.6 MB, so a
 whole-model exchange takes ~3.4 s over a 20 Mbit/s link: the task the slow-link benchmark
 (`murmur bench --link-mbit`) trains. A step of 32×64 bytes computes for ~0.3-0.45 s on one
@@ -11,7 +11,7 @@ core (measured on the 2-core lab machine), which is why the benchmark pads it to
 
 from __future__ import annotations
 
-from node.learn.tasks.charlm import CharLMTask, GPTConfig
+from murmur.node.learn.tasks.charlm import CharLMTask, GPTConfig
 
 LARGE_CONFIG = GPTConfig(block_size=64, n_layer=4, n_head=4, n_embd=208)
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from node.learn.tasks.task import Batch, Metric
+from murmur.node.learn.tasks.task import Batch, Metric
 
 SPLIT_SEED = 0
 EVAL_FRACTION = 0.2

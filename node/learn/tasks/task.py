@@ -55,7 +55,7 @@ def load_task(spec: str) -> Task:
 
     Raises `UnknownTask` naming the spec when it cannot be resolved.
     """
-    from node.learn.tasks import BUILTIN_TASKS
+    from murmur.node.learn.tasks import BUILTIN_TASKS
 
     if spec in BUILTIN_TASKS:
         return BUILTIN_TASKS[spec]()
