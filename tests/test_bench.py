@@ -29,7 +29,7 @@ def test_smallest_bench_runs_every_method_and_writes_its_outputs(tmp_path: Path)
 
 
 def test_metric_at_equal_samples_interpolates_between_evaluations() -> None:
-    from murmur.node.lab.bench import _at_samples
+    from murmur.node.lab.bench_report import _at_samples
 
     run = {"curve": [{"samples": 0, "loss": 5.0}, {"samples": 1000, "loss": 3.0}, {"samples": 3000, "loss": 2.0}]}
     assert _at_samples(run, "loss", 500) == pytest.approx(4.0)
@@ -39,7 +39,7 @@ def test_metric_at_equal_samples_interpolates_between_evaluations() -> None:
 
 
 def test_rescore_scores_stored_runs_again_and_redraws_the_table(tmp_path: Path) -> None:
-    from murmur.node.lab.bench import rescore
+    from murmur.node.lab.bench_report import rescore
 
     def run(method: str, samples_per_s: float, curve: list[tuple[int, float]]) -> dict:
         return {"task": "digits", "mix": "headline", "seed": 0, "method": method, "samples_per_s": samples_per_s,

@@ -26,63 +26,60 @@ markdown table to `--out`.
     murmur bench --quick            # ~50 s: digits, headline mix, 1 seed
     murmur bench                    # default (see DEFAULT below), measured 14.4 min on 2 cores
     murmur bench --sweep-lr         # learning-rate sweep of sync-equal and murmur (separate run)
+    murmur bench --link-mbit 20     # slow links (SLOW_LINK): charlm-large, every peer capped at 20 Mbit/s (root)
+    murmur bench --link-mbit 100,50,20,10   # the same with one cap per peer, in peer order (SLOW_LINK_UNEVEN)
+
+Slow links (`--link-mbit`, `murmur.node.lab.links`): every Murmur peer and every sync or diloco rank runs in its
+own network namespace on a veth pair capped with `tc tbf`; the peers listen on their namespace's address and
+bootstrap to peer 0's, the ranks' gloo binds to the capped veth. Each run builds its namespaces and removes
+them (with every process in them) when it ends, fails or is interrupted. Peers and ranks start as fresh
+programs there (a fork server cannot hand a child to another namespace); start-up stays excluded.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import multiprocessing
 import multiprocessing.forkserver
 import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from murmur.node.lab.bench_config import (
+    DEFAULT,
+    METHODS,
+    MIXES,
+    MURMUR_ARGS,
+    QUICK,
+    SLOW_LINK,
+    SWEEP,
+    SWEEP_METHODS,
+    SWEEP_SCALES,
+    TASKS,
+)
+from murmur.node.lab.bench_report import report, rescore, score
+from murmur.node.lab.links import (
+    LinkSpecError,
+    LinksUnavailable,
+    caps_for,
+    links_unavailable_reason,
+    parse_link_mbit,
+    peer_links,
+)
+from murmur.node.lab.netns import Netns
 from murmur.node.lab.progress import Progress
-from murmur.node.lab.swarm import FORK_PRELOAD, ONE_THREAD, ForkedPeer, stop_processes
+from murmur.node.lab.swarm import FORK_PRELOAD, ONE_THREAD, ForkedPeer, murmur_command, peer_environment, stop_processes
 from murmur.node.lab.sync_baseline import RANK_MODULE, run_sync
 from murmur.node.ops.node import METRICS_FILE
 from murmur.node.ops.status import StatusUnavailable, load_status
 
-MIXES = {
-    "homogeneous": [1.0, 1.0, 1.0, 1.0],
-    "mild": [1.0, 1.0, 1.0, 2.0],
-    "headline": [1.0, 1.0, 2.0, 4.0],
-    "extreme": [1.0, 1.0, 1.0, 10.0],
-    "pair": [1.0, 2.0],  # the smallest swarm, for the harness test
-}
-# Fixed workloads; step_time pads every step to S x step_time ms per 32 samples. `lr_scale`: each
-# method's learning-rate multiplier, from `--sweep-lr` (methods not listed train at 1); `local_steps`: diloco's H.
-TASKS = {
-    "digits": {"step_time": 20.0, "target": 0.95, "metric": "accuracy", "higher": True, "max_s": 120.0,
-               "lr_scale": {}, "local_steps": 8},
-    # A charlm step computes for ~24 ms on one core: at 80 ms the headline mix keeps ~0.8 of the 2 cores
-    # busy training (at 40 ms it needed 1.65 and the emulated devices fell ~20 % behind their speeds).
-    "charlm": {"step_time": 80.0, "target": 2.5, "metric": "loss", "higher": False, "max_s": 120.0,
-               "lr_scale": {"sync-proportional": 2.0}, "local_steps": 8},
-}
-METHODS = ["sync-equal", "sync-proportional", "diloco", "murmur-uniform", "murmur-work", "murmur"]
-# What each Murmur method tells `murmur run` beyond the workload; `murmur` keeps every default.
-MURMUR_ARGS = {
-    "murmur-uniform": ["--merge", "average", "--weighting", "uniform"],
-    "murmur-work": ["--merge", "average", "--weighting", "work"],
-    "murmur": [],
-    # Ablations, for `--methods` (not in the default run): what each part of the default buys.
-    "murmur-keep-state": ["--merge", "average", "--weighting", "work", "--optimizer-state", "keep"],
-    "murmur-avg-state": ["--merge", "average", "--weighting", "work", "--optimizer-state", "average"],
-    "murmur-outer": ["--merge", "outer", "--weighting", "work", "--optimizer-state", "average"],
-}
-SWEEP_METHODS = ["sync-equal", "murmur"]
-SWEEP_SCALES = [0.25, 0.5, 1.0, 2.0]  # ×2 grid around each task's own learning rate
-DEFAULT = {"tasks": ["digits", "charlm"], "mixes": {"digits": ["homogeneous", "mild", "headline", "extreme"], "charlm": ["headline"]}, "seeds": [0, 1, 2], "max_s": {"digits": 25.0, "charlm": 60.0}}
-QUICK = {"tasks": ["digits"], "mixes": {"digits": ["headline"]}, "seeds": [0], "max_s": {"digits": 20.0}}
-SWEEP = {"tasks": ["charlm", "digits"], "mixes": {"charlm": ["headline"], "digits": ["headline"]}, "seeds": [0, 1],
-         "max_s": DEFAULT["max_s"], "sweep": True, "runs": [(m, s) for s in SWEEP_SCALES for m in SWEEP_METHODS]}
 START_MARGIN_S = 0.3  # from the start file's writing to the start time it holds: every peer reads it in time
 
 
@@ -104,12 +101,14 @@ def _reached(value: float, target: float, higher: bool) -> bool:
 
 
 def run_murmur(
-    task: str, slowdowns: list[float], method: str, seed: int, max_s: float, root: Path, lr_scale: float = 1.0
+    task: str, slowdowns: list[float], method: str, seed: int, max_s: float, root: Path, lr_scale: float = 1.0,
+    links: list[Netns] | None = None,
 ) -> dict[str, Any]:
     """Run one swarm of Murmur `method` (or, with `method="ideal"`, lone peers); return its results.
 
     Peers join first; once every peer is ready (status phase "waiting", knowing all the
-    others) the start file tells them all one start time, t=0 of the run.
+    others) the start file tells them all one start time, t=0 of the run. With `links`
+    (one namespace per peer) peer i runs in `links[i]`, listening on its address.
     """
     spec = TASKS[task]
     shutil.rmtree(root, ignore_errors=True)  # a peer would resume from an earlier run's checkpoint
@@ -117,24 +116,26 @@ def run_murmur(
     ports = [_free_port() for _ in slowdowns]
     dirs = [root / f"peer-{i}" for i in range(len(slowdowns))]
     start_file = root / "start-at"
-    first = f"/ip4/127.0.0.1/tcp/{ports[0]}/p2p/{_peer_id(dirs[0])}"
+    hosts = [ns.address for ns in links] if links else ["127.0.0.1"] * len(slowdowns)
+    first = f"/ip4/{hosts[0]}/tcp/{ports[0]}/p2p/{_peer_id(dirs[0])}"
     procs = []
     for i, (slowdown, data_dir) in enumerate(zip(slowdowns, dirs)):
         args = [
-            "run", "--task", task, "--data-dir", str(data_dir), "--listen", f"/ip4/127.0.0.1/tcp/{ports[i]}",
+            "run", "--task", task, "--data-dir", str(data_dir), "--listen", f"/ip4/{hosts[i]}/tcp/{ports[i]}",
             "--slowdown", str(slowdown), "--step-time", str(spec["step_time"]), "--duration", str(max_s),
             "--start-file", str(start_file), "--shard", str(1000 * seed + i), "--record-params", "--log-level", "WARNING",
-            "--lr-scale", str(lr_scale), *ONE_THREAD,
+            "--lr-scale", str(lr_scale), "--eval-every", str(spec.get("eval_every", 1.0)), *ONE_THREAD,
         ]
         if method == "ideal":
             args += ["--average-every", "1e9"]  # alone: no bootstrap, no exchanges
         else:
             args += MURMUR_ARGS[method] + (["--bootstrap", first] if i else [])
         data_dir.mkdir(exist_ok=True)  # peer 0 has its key already
-        procs.append(ForkedPeer(args, data_dir / "log.txt"))
+        procs.append(_start_peer(args, data_dir / "log.txt", links[i] if links else None))
     try:
         joined = time.monotonic()
-        _wait_until_ready(procs, dirs, others=0 if method == "ideal" else len(slowdowns) - 1)
+        # Fresh programs in namespaces import torch each, 4 at once on 2 cores, and pull the model over their links.
+        _wait_until_ready(procs, dirs, others=0 if method == "ideal" else len(slowdowns) - 1, timeout=180.0 if links else 60.0)
         start_at = time.time() + START_MARGIN_S
         (root / "start-at.tmp").write_text(repr(start_at))
         (root / "start-at.tmp").replace(start_file)
@@ -151,6 +152,14 @@ def run_murmur(
     result = _murmur_result(task, slowdowns, method, dirs, start_at, codes)
     result["startup_s"] = startup_s
     return result
+
+
+def _start_peer(args: list[str], log_path: Path, ns: Netns | None) -> ForkedPeer | subprocess.Popen:
+    """`murmur run ARGS`: forked from the preloaded server on loopback, a fresh program inside namespace `ns`."""
+    if ns is None:
+        return ForkedPeer(args, log_path)
+    with log_path.open("w") as log:
+        return ns.popen(murmur_command() + args, stdout=log, stderr=subprocess.STDOUT, env=peer_environment())
 
 
 def _wait_until_ready(procs: list[ForkedPeer], dirs: list[Path], others: int, timeout: float = 60.0) -> None:
@@ -230,42 +239,53 @@ def _murmur_result(task: str, slowdowns: list[float], method: str, dirs: list[Pa
     }
 
 
-def run_method(task: str, slowdowns: list[float], method: str, seed: int, max_s: float, root: Path, lr_scale: float | None = None) -> dict:
-    """Run one method (or the ideal) on the task's workload at `lr_scale` (default: the task's chosen scale)."""
+def run_method(
+    task: str, slowdowns: list[float], method: str, seed: int, max_s: float, root: Path, lr_scale: float | None = None,
+    link_mbit: list[float] | None = None,
+) -> dict:
+    """Run one method (or the ideal) on the task's workload at `lr_scale` (default: the task's chosen scale).
+
+    With `link_mbit` (one cap per peer) the run gets its own capped namespaces (`murmur.node.lab.links.peer_links`),
+    removed when it ends; the result records the caps under "link_mbit" (None on loopback).
+    """
     spec = TASKS[task]
     scale = spec["lr_scale"].get(method, 1.0) if lr_scale is None else lr_scale
-    if method == "ideal":
-        result = run_murmur(task, slowdowns, method, seed, 6.0, root)
-    elif method in MURMUR_ARGS:
-        result = run_murmur(task, slowdowns, method, seed, max_s, root, scale)
-    else:  # the synchronous baselines: their ranks run one thread each, like the peers
-        mode = "diloco" if method == "diloco" else method.removeprefix("sync-")
-        result = run_sync(task, slowdowns, mode, max_s, spec["step_time"], spec["target"], seed=seed, lr_scale=scale,
-                          local_steps=spec["local_steps"])
+    with peer_links(link_mbit) if link_mbit else nullcontext() as links:
+        if method == "ideal":
+            result = run_murmur(task, slowdowns, method, seed, max(6.0, 2 * spec.get("eval_every", 1.0)), root, links=links)
+        elif method in MURMUR_ARGS:
+            result = run_murmur(task, slowdowns, method, seed, max_s, root, scale, links=links)
+        else:  # the synchronous baselines: their ranks run one thread each, like the peers
+            mode = "diloco" if method == "diloco" else method.removeprefix("sync-")
+            result = run_sync(task, slowdowns, mode, max_s, spec["step_time"], spec["target"], spec.get("eval_every", 1.0),
+                              seed=seed, lr_scale=scale, local_steps=spec["local_steps"], links=links, work_dir=root)
     result["lr_scale"] = scale
+    result["link_mbit"] = link_mbit
     return result
 
 
-def _at_samples(result: dict, metric: str, samples: float) -> float | None:
-    """The metric when the run had processed `samples` in all (linear between evaluations), or None beyond its end."""
-    curve = result["curve"]
-    for before, after in itertools.pairwise(curve):
-        if before["samples"] <= samples <= after["samples"]:
-            span = after["samples"] - before["samples"]
-            share = (samples - before["samples"]) / span if span else 1.0
-            return before[metric] + share * (after[metric] - before[metric])
-    return None
-
-
 def run_bench(config: dict, out: Path) -> dict:
+    """Run `config` (DEFAULT, QUICK, SWEEP, SLOW_LINK or alike) and report it under `out`; return the report.
+
+    A config with "link_mbit" runs over capped links; raises `LinksUnavailable` (before running anything)
+    when this machine cannot build them, `LinkSpecError` when the caps do not fit a mix.
+    """
+    if config.get("link_mbit"):
+        reason = links_unavailable_reason()
+        if reason is not None:
+            raise LinksUnavailable(reason)
+        for task in config["tasks"]:
+            for mix in config["mixes"][task]:
+                caps_for(config["link_mbit"], len(MIXES[mix]))
     out.mkdir(parents=True, exist_ok=True)
-    # One fork server, started now with everything both kinds of run import: Murmur peers
-    # and sync ranks then start in about a second (start-up is excluded from the measurements).
-    multiprocessing.get_context("forkserver").set_forkserver_preload([RANK_MODULE, *FORK_PRELOAD])
-    multiprocessing.forkserver.ensure_running()
+    if not config.get("link_mbit"):  # over links every peer and rank starts as its own program instead
+        # One fork server, started now with everything both kinds of run import: Murmur peers
+        # and sync ranks then start in about a second (start-up is excluded from the measurements).
+        multiprocessing.get_context("forkserver").set_forkserver_preload([RANK_MODULE, *FORK_PRELOAD])
+        multiprocessing.forkserver.ensure_running()
     bench_began = time.monotonic()
     results: list[dict] = []
-    runs = [("ideal", None), *config.get("runs", [(m, None) for m in METHODS])]
+    runs = [("ideal", None), *config.get("runs", [(m, None) for m in config.get("methods", METHODS)])]
     total = sum(len(config["seeds"]) * len(config["mixes"][t]) * len(runs) for t in config["tasks"])
     with Progress(total=total, label="murmur bench") as progress:
         for task in config["tasks"]:
@@ -279,14 +299,15 @@ def _bench_task(task: str, config: dict, runs: list, out: Path, progress: Progre
         for mix in config["mixes"][task]:
             slowdowns = MIXES[mix]
             max_s = config["max_s"][task]
+            caps = caps_for(config["link_mbit"], len(slowdowns)) if config.get("link_mbit") else None
             group = []
             # The ideal is calibrated for every seed, next to the runs it is compared with.
             for method, scale in runs:
                 label = method if scale is None else f"{method}@lr×{scale:g}"
-                print(f"[bench] {task} seed {seed} {mix} {slowdowns}: {label}", flush=True)
+                print(f"[bench] {task} seed {seed} {mix} {slowdowns}{f' links {caps} Mbit/s' if caps else ''}: {label}", flush=True)
                 progress.start(f"{task} {mix} seed {seed}: {label}")
                 began = time.monotonic()
-                r = run_method(task, slowdowns, method, seed, max_s, out / "runs" / f"{task}-{mix}-s{seed}-{label}", scale)
+                r = run_method(task, slowdowns, method, seed, max_s, out / "runs" / f"{task}-{mix}-s{seed}-{label}", scale, caps)
                 r.update(mix=mix, seed=seed, label=label, run_wall_s=time.monotonic() - began)  # start-up and teardown included
                 group.append(r)
                 progress.advance()
@@ -297,153 +318,11 @@ def _bench_task(task: str, config: dict, runs: list, out: Path, progress: Progre
             (out / "results.json").write_text(json.dumps({"config": config, "results": results}, indent=1))
 
 
-def score(group: list[dict]) -> list[dict]:
-    """Add % of ideal and the metric at equal samples to one task, seed and mix's runs (ideal first)."""
-    metric = TASKS[group[0]["task"]]["metric"]
-    ideal = next(g["samples_per_s"] for g in group if g["method"] == "ideal")
-    # Equal samples: as many as sync-equal needed to reach its target (a method that stopped before has none);
-    # in a sweep, the best-tuned sync-equal's.
-    syncs = [g for g in group if g["method"] == "sync-equal" and g["curve"]]
-    best = min(syncs, key=lambda g: g.get("time_to_target") or float("inf"), default=None)
-    budget = best["curve"][-1]["samples"] if best else None
-    for g in group:
-        g.setdefault("label", g["method"])
-        g["pct_of_ideal"] = g["samples_per_s"] / ideal if ideal else None
-        g["metric_at_equal_samples"] = _at_samples(g, metric, budget) if budget and g["method"] != "ideal" else None
-    return group
-
-
-def report(run: dict, out: Path) -> dict:
-    """Write `run`'s results.json, summary.md and plots under `out`, print the summary, return `run`."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(run, indent=1))
-    summary = summarize(run["results"]) + f"\nBenchmark wall time: {run['wall_s'] / 60:.1f} min ({len(run['results'])} runs).\n"
-    if run["config"].get("sweep"):  # its verdict is what the default run should use
-        run["chosen_lr_scale"] = chosen = choose_lr(run["results"])
-        summary += "\nBest learning rate (median time to target, then metric at equal samples): " + "; ".join(
-            f"{task} {method} {base_lr(task) * scale:.3g} (×{scale:g})" for task, picks in chosen.items() for method, scale in picks.items()
-        ) + ".\n"
-        (out / "results.json").write_text(json.dumps(run, indent=1))
-    (out / "summary.md").write_text(summary)
-    plot(run["results"], out)
-    print(summary)
-    return run
-
-
-def rescore(results_file: Path, out: Path) -> dict:
-    """Score an earlier run's results again (after a change to the scoring) and report them under `out`."""
-    run = json.loads(results_file.read_text())
-    groups: dict[tuple, list[dict]] = {}
-    for r in run["results"]:
-        groups.setdefault((r["task"], r["seed"], r["mix"]), []).append(r)
-    for group in groups.values():
-        score(group)
-    return report(run, out)
-
-
-def _med(values: list[float], digits: int = 2) -> str:
-    """Median and (min–max) of the seeds' values."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return "—"
-    f = f".{digits}f"
-    return format(statistics.median(values), f) + (f" ({min(values):{f}}–{max(values):{f}})" if len(values) > 1 else "")
-
-
-def _labels(results: list[dict]) -> list[str]:
-    """The runs' labels (methods, or sweep points), in the order they ran, ideal last."""
-    labels = list(dict.fromkeys(r.get("label", r["method"]) for r in results if r["method"] != "ideal"))
-    return labels + ["ideal"]
-
-
-def base_lr(task: str) -> float:
-    """The learning rate the task's own optimizer starts with (its first parameter group's)."""
-    from murmur.node.learn.tasks import load_task
-
-    spec = load_task(task)
-    return spec.make_optimizer(spec.build_model()).param_groups[0]["lr"]
-
-
-def summarize(results: list[dict]) -> str:
-    lines = ["| task | mix | method | time to target s | vs sync-equal | samples/s | % of ideal | max peer idle | metric at equal samples | lr |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    keys = sorted({(r["task"], r["mix"]) for r in results}, key=lambda k: (k[0], list(MIXES).index(k[1])))
-    for task, mix in keys:
-        lr = base_lr(task)
-        for label in _labels(results):
-            rs = [r for r in results if (r["task"], r["mix"], r.get("label", r["method"])) == (task, mix, label)]
-            if not rs:
-                continue
-            ratios = []
-            for r in rs:
-                syncs = [b for b in results if (b["task"], b["mix"], b["seed"], b["method"]) == (task, mix, r["seed"], "sync-equal")]
-                base = min((b["time_to_target"] for b in syncs if b.get("time_to_target")), default=None)  # the best-tuned
-                if label != "ideal" and base and r.get("time_to_target"):
-                    ratios.append(r["time_to_target"] / base)
-            scale = rs[0].get("lr_scale")
-            lines.append(
-                f"| {task} | {mix} | {label} | {_med([r.get('time_to_target') for r in rs]) if label != 'ideal' else '—'} | {_med(ratios)} | "
-                f"{_med([r['samples_per_s'] for r in rs])} | {_med([r['pct_of_ideal'] for r in rs])} | "
-                f"{_med([max(p['idle_fraction'] for p in r['peers']) for r in rs])} | {_med([r.get('metric_at_equal_samples') for r in rs], 3)} | "
-                f"{f'{lr * scale:.3g} (×{scale:g})' if scale and label != 'ideal' else '—'} |"
-            )
-    return "\n".join(lines) + "\n"
-
-
-def choose_lr(results: list[dict]) -> dict[str, dict[str, float]]:
-    """Per task and swept method, the scale with the best median time to target (then metric at equal samples)."""
-    chosen: dict[str, dict[str, float]] = {}
-    for task in sorted({r["task"] for r in results}):
-        higher = TASKS[task]["higher"]
-        swept = {r["method"] for r in results if r["task"] == task and r["method"] != "ideal"}
-        for method in [m for m in [*METHODS, *MURMUR_ARGS] if m in swept]:
-            scores = []
-            for scale in sorted({r["lr_scale"] for r in results if (r["task"], r["method"]) == (task, method)}):
-                rs = [r for r in results if (r["task"], r["method"], r["lr_scale"]) == (task, method, scale)]
-                ttt = statistics.median(r.get("time_to_target") or float("inf") for r in rs)
-                at_equal = [r["metric_at_equal_samples"] for r in rs if r.get("metric_at_equal_samples") is not None]
-                quality = statistics.median(at_equal) if at_equal else float("nan")
-                scores.append((ttt, -quality if higher else quality, scale))
-            if scores:
-                chosen.setdefault(task, {})[method] = min(scores, key=lambda s: (s[0], s[1] if s[1] == s[1] else float("inf")))[2]
-    return chosen
-
-
-def plot(results: list[dict], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    for task in sorted({r["task"] for r in results}):
-        metric = TASKS[task]["metric"]
-        mixes = [m for m in MIXES if any(r["task"] == task and r["mix"] == m for r in results)]
-        fig, axes = plt.subplots(1, len(mixes), figsize=(5 * len(mixes), 4), squeeze=False)
-        for ax, mix in zip(axes[0], mixes):
-            for j, label in enumerate(_labels(results)[:-1]):
-                for i, r in enumerate(r for r in results if (r["task"], r["mix"], r.get("label", r["method"])) == (task, mix, label)):
-                    ax.plot([c["t"] for c in r["curve"]], [c[metric] for c in r["curve"]], color=f"C{j}",
-                            ls="--" if r["method"].startswith(("sync", "diloco")) else "-", alpha=0.7, label=label if i == 0 else None)
-            ax.axhline(TASKS[task]["target"], color="grey", lw=0.5)
-            ax.set_title(f"{task}, {mix} {MIXES[mix]}")
-            ax.set_xlabel("wall time (s)")
-            ax.set_ylabel(f"median peer held-out {metric}")
-            ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / f"{task}-metric-vs-time.png", dpi=100)
-        plt.close(fig)
-        fig, ax = plt.subplots(figsize=(6, 4))
-        labels = _labels(results)[:-1]
-        width = 0.8 / len(labels)
-        for j, label in enumerate(labels):
-            ys = [statistics.median([r["pct_of_ideal"] for r in results if (r["task"], r["mix"], r.get("label", r["method"])) == (task, m, label)] or [0]) for m in mixes]
-            ax.bar([i + width * j for i in range(len(mixes))], ys, width=width, label=label)
-        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(mixes))], mixes)
-        ax.set_ylabel("throughput, fraction of ideal")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / f"{task}-throughput-vs-ideal.png", dpi=100)
-        plt.close(fig)
+def _link_mbit(text: str) -> list[float]:
+    try:
+        return parse_link_mbit(text)
+    except LinkSpecError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--link-mbit: ")) from None
 
 
 def _method_arg(text: str) -> tuple[str, float | None]:
@@ -468,28 +347,52 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep-lr", action="store_true",
                         help=f"run {SWEEP_METHODS} at learning-rate scales {SWEEP_SCALES} instead and print the best of each "
                              "(default: charlm and digits, headline mix, 2 seeds)")
+    parser.add_argument("--link-mbit", type=_link_mbit, default=None, metavar="MBIT[,MBIT...]",
+                        help="slow links: cap every peer's link at MBIT Mbit/s, or each peer's in peer order (100,50,20,10); "
+                             "one network namespace per peer and rank (needs root). Runs SLOW_LINK (charlm-large, headline mix, "
+                             "3 seeds; --tasks/--mixes/--seeds change it)")
     parser.add_argument("--methods", default=None, metavar="M[@SCALE],…",
                         help=f"run these methods instead (from {[*METHODS, *(m for m in MURMUR_ARGS if m not in METHODS)]}), "
-                             "each optionally at a learning-rate scale, e.g. sync-equal@0.5,murmur@0.7")
+                             "each optionally at a learning-rate scale, e.g. sync-equal@0.5,murmur@2")
     parser.add_argument("--rescore", type=Path, default=None, metavar="RESULTS_JSON",
                         help="run nothing: score an earlier run's results.json again and write the table and plots to --out")
     args = parser.parse_args(argv)
     if args.rescore:
         rescore(args.rescore, args.out)
         return 0
-    config = json.loads(json.dumps(QUICK if args.quick else SWEEP if args.sweep_lr else DEFAULT))
+    base = QUICK if args.quick else SWEEP if args.sweep_lr else SLOW_LINK if args.link_mbit else DEFAULT
+    config = json.loads(json.dumps(base))
+    if args.link_mbit:
+        config["link_mbit"] = args.link_mbit
     if args.tasks:
         config["tasks"] = args.tasks.split(",")
+        unknown = [t for t in config["tasks"] if t not in TASKS]
+        if unknown:
+            parser.error(f"unknown task(s) {unknown}; choose from {list(TASKS)}")
         for t in config["tasks"]:
             config["mixes"].setdefault(t, ["headline"])
-            config["max_s"].setdefault(t, DEFAULT["max_s"][t])
+            config["max_s"].setdefault(t, DEFAULT["max_s"].get(t, TASKS[t]["max_s"]))
     if args.mixes:
         config["mixes"] = {t: args.mixes.split(",") for t in config["tasks"]}
     if args.methods:
-        config["runs"] = [_method_arg(m) for m in args.methods.split(",")]
+        try:
+            config["runs"] = [_method_arg(m) for m in args.methods.split(",")]
+        except ValueError as e:
+            parser.error(str(e))
     if args.seeds:
         config["seeds"] = list(range(args.seeds))
-    run_bench(config, args.out)
+    if args.link_mbit:
+        for t in config["tasks"]:
+            for mix in config["mixes"][t]:
+                try:
+                    caps_for(args.link_mbit, len(MIXES[mix]))
+                except LinkSpecError as e:
+                    parser.error(f"{e} (mix {mix!r})")
+    try:
+        run_bench(config, args.out)
+    except LinksUnavailable as e:
+        print(f"murmur bench: skipped, slow links need network namespaces: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -26,6 +26,12 @@ Rank 0 evaluates the held-out metric on a grid of `eval_every` seconds of traini
 time; evaluation pauses every rank's clock. Training ends on every rank after the same
 step: once rank 0's training time reaches `duration`, or once the target metric is reached.
 
+Over slow links (`run_sync(..., links=...)`, from `murmur bench --link-mbit`) each rank runs in its own
+network namespace (`murmur.node.lab.links`), started as its own program (`python -m murmur.node.lab.sync_rank`: a fork
+server cannot hand a child to another namespace); rank 0 hosts the rendezvous store on its namespace's
+address and gloo binds to each namespace's capped veth (`GLOO_SOCKET_IFNAME`), so every all-reduce crosses
+the capped links. Start-up stays excluded: the clock still starts at the ranks' first barrier.
+
 Library use: `run_sync(...)` returns a JSON-serialisable dict. CLI:
   python -m murmur.node.lab.sync_baseline --task digits --slowdowns 1,1,2,4 --mode equal \
       --step-time-ms 20 --duration 20 --out results/sync.json
@@ -35,20 +41,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import queue
+import subprocess
 import sys
 import time
 from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from murmur.node.lab.links import LINK_DEVICE
+from murmur.node.lab.netns import Netns
 from murmur.node.lab.sync_rank import HOST, MODES, Config, meets, worker
 
 RANK_MODULE = "murmur.node.lab.sync_rank"  # what the ranks' fork server preloads
+STORE_PORT = 29500  # over links: rank 0's namespace is new and empty, so a fixed port is free there
 
 
 class RankFailed(RuntimeError):
@@ -114,6 +125,8 @@ def run_sync(
     local_steps: int = 16,
     outer_lr: float = 0.7,
     outer_momentum: float = 0.9,
+    links: Sequence[Netns] | None = None,
+    work_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Train `task_name` synchronously on len(slowdowns) ranks; return the results dict.
 
@@ -123,7 +136,9 @@ def run_sync(
     run is abandoned after `timeout_s` (default 600 + 2 * duration). Any rank failure
     ends all ranks and raises `RankFailed` with the rank's traceback. `lr_scale`
     multiplies the task's learning rate; `local_steps`, `outer_lr` and `outer_momentum`
-    configure mode `diloco` (see `murmur.node.lab.sync_rank`).
+    configure mode `diloco` (see `murmur.node.lab.sync_rank`). With `links` (one namespace per rank, from
+    `murmur.node.lab.links.peer_links`) rank r runs in `links[r]` as its own program, its log and result
+    files under `work_dir` (required then).
 
     Returns {"method", "task", "mode", "metric", "slowdowns", "step_time_ms", "target",
     "curve": [{"t", "samples", <metrics>...}], "time_to_target", "samples_per_s",
@@ -137,13 +152,27 @@ def run_sync(
     if duration <= 0 or eval_every <= 0:
         raise ValueError("duration and eval_every must be positive")
     n = len(slowdowns)
+    if links is not None and (len(links) != n or work_dir is None):
+        raise ValueError(f"over links every rank needs a namespace ({len(links)} for {n} ranks) and a work_dir")
     begin = time.monotonic()
-    store = _free_store(timedelta(seconds=pg_timeout_s))
+    store = _free_store(timedelta(seconds=pg_timeout_s)) if links is None else None
     cfg = Config(
         task_name, tuple(float(s) for s in slowdowns), mode, float(duration), step_time_ms, target,
-        float(eval_every), int(seed), store.port, float(pg_timeout_s), float(lr_scale), int(local_steps),
-        float(outer_lr), float(outer_momentum),
+        float(eval_every), int(seed), store.port if store else STORE_PORT, float(pg_timeout_s), float(lr_scale),
+        int(local_steps), float(outer_lr), float(outer_momentum),
+        **({"store_host": links[0].address, "store_on_rank0": True} if links is not None else {}),
     )  # fmt: skip
+    deadline = begin + (timeout_s if timeout_s is not None else 600 + 2 * duration)
+    if links is not None:
+        outputs = _run_in_namespaces(cfg, links, work_dir, deadline)
+    else:
+        outputs = _run_forked(cfg, store, deadline)
+    return _result(cfg, outputs, begin)
+
+
+def _run_forked(cfg: Config, store: dist.TCPStore, deadline: float) -> dict[int, dict[str, Any]]:
+    """The ranks on loopback, forked from a preloaded server; their outputs by rank."""
+    n = len(cfg.slowdowns)
     # Ranks fork from a server that has imported torch once: a fresh interpreter per rank
     # would spend seconds importing it again on every run (start-up is excluded from the
     # measurements either way, but it dominates a benchmark's wall time).
@@ -155,13 +184,73 @@ def run_sync(
     try:
         for p in procs:
             p.start()
-        outputs = _collect(procs, results, begin + (timeout_s if timeout_s is not None else 600 + 2 * duration))
+        outputs = _collect(procs, results, deadline)
         for p in procs:
             p.join(timeout=30)
     finally:
         _end(procs)
         del store
+    return outputs
 
+
+def _run_in_namespaces(cfg: Config, links: Sequence[Netns], work_dir: Path, deadline: float) -> dict[int, dict[str, Any]]:
+    """Rank r as `python -m murmur.node.lab.sync_rank` in namespace `links[r]`; their outputs by rank.
+
+    Raises `RankFailed` (with the rank's traceback, or its log's tail) when a rank fails or at `deadline`;
+    every rank is ended by PID either way.
+    """
+    work_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": LINK_DEVICE}
+    config = json.dumps(asdict(cfg))
+    outs = [work_dir / f"rank{r}.json" for r in range(len(links))]
+    procs: list[subprocess.Popen] = []
+    try:
+        for r, ns in enumerate(links):
+            for stale in (outs[r], Path(f"{outs[r]}.error")):
+                stale.unlink(missing_ok=True)
+            with (work_dir / f"rank{r}.log").open("w") as log:
+                procs.append(ns.popen([sys.executable, "-m", RANK_MODULE, "--rank", str(r), "--config", config, "--out", str(outs[r])],
+                                      stdout=log, stderr=subprocess.STDOUT, env=env))
+        while any(p.poll() is None for p in procs):
+            failed = next((r for r, p in enumerate(procs) if p.returncode not in (None, 0)), None)
+            if failed is not None:
+                raise RankFailed(f"rank {failed} failed:\n{_failure(work_dir, outs[failed], failed)}")
+            if time.monotonic() > deadline:
+                raise RankFailed(f"timed out waiting for ranks {[r for r, p in enumerate(procs) if p.poll() is None]}")
+            time.sleep(0.2)
+        failed = next((r for r, p in enumerate(procs) if p.returncode != 0 or not outs[r].exists()), None)
+        if failed is not None:
+            raise RankFailed(f"rank {failed} failed:\n{_failure(work_dir, outs[failed], failed)}")
+        return {r: json.loads(outs[r].read_text()) for r in range(len(procs))}
+    finally:
+        for p in procs:
+            _stop_rank(p)
+
+
+def _failure(work_dir: Path, out: Path, rank: int) -> str:
+    """A failed rank's traceback, or else the tail of its log."""
+    error = Path(f"{out}.error")
+    if error.exists():
+        return error.read_text()
+    log = work_dir / f"rank{rank}.log"
+    return log.read_text()[-2000:] if log.exists() else "(no log)"
+
+
+def _stop_rank(proc: subprocess.Popen) -> None:
+    """Terminate a rank by PID if it still runs; kill it after 5 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def _result(cfg: Config, outputs: dict[int, dict[str, Any]], begin: float) -> dict[str, Any]:
+    """The results dict of `run_sync` from the ranks' outputs."""
+    n = len(cfg.slowdowns)
+    mode, target, step_time_ms, eval_every, seed = cfg.mode, cfg.target, cfg.step_time_ms, cfg.eval_every, cfg.seed
     head = outputs[0]
     curve = head["curve"]
     time_to_target = None

@@ -32,7 +32,9 @@ This module is what the ranks' fork server preloads: it imports torch, the tasks
 
 from __future__ import annotations
 
+import argparse
 import itertools
+import json
 import math
 import os
 import sys
@@ -71,6 +73,10 @@ class Config:
     local_steps: int = 16  # diloco: inner steps between syncs
     outer_lr: float = 0.7  # diloco's outer Nesterov step
     outer_momentum: float = 0.9
+    # Where the rendezvous store listens. On loopback the parent hosts it; over slow links each rank has its own
+    # network namespace, which the parent is not in, so rank 0 hosts it on its namespace's address.
+    store_host: str = HOST
+    store_on_rank0: bool = False
 
 
 def batch_sizes(base: int, slowdowns: Sequence[float], mode: str) -> list[int]:
@@ -145,7 +151,8 @@ def train(rank: int, cfg: Config) -> dict[str, Any]:
     torch.set_num_threads(1)  # N ranks share the CPU; one thread each keeps them honest
     n = len(cfg.slowdowns)
     timeout = timedelta(seconds=cfg.pg_timeout_s)
-    store = dist.TCPStore(HOST, cfg.port, world_size=n, is_master=False, timeout=timeout)
+    master = cfg.store_on_rank0 and rank == 0
+    store = dist.TCPStore(cfg.store_host, cfg.port, world_size=n, is_master=master, wait_for_workers=False, timeout=timeout)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=n, timeout=timeout)
 
     task: Task = load_task(cfg.task)
@@ -286,6 +293,24 @@ def train(rank: int, cfg: Config) -> dict[str, Any]:
     return out
 
 
+def run_rank(rank: int, cfg: Config, out: str) -> None:
+    """Process entry point for a rank started as its own program (in a network namespace): train, write
+    its result as JSON to `out` (or its traceback to `out` + ".error"), then exit 0 (or 1)."""
+    try:
+        result = train(rank, cfg)
+        with open(out + ".tmp", "w") as f:
+            json.dump(result, f)
+        os.replace(out + ".tmp", out)  # whole or absent: the parent never reads half a result
+        code = 0
+    except BaseException:  # noqa: BLE001 - the parent must hear about every failure
+        with open(out + ".error", "w") as f:
+            f.write(traceback.format_exc())
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # as `worker`: skip torch's slow interpreter teardown
+
+
 def worker(rank: int, cfg: Config, results: Any) -> None:
     """Process entry point: report ("result", rank, dict) or ("error", rank, traceback), then exit."""
     try:
@@ -301,3 +326,23 @@ def worker(rank: int, cfg: Config, results: Any) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m murmur.node.lab.sync_rank --rank R --config JSON --out FILE`: one rank, started by `run_sync` over links."""
+    parser = argparse.ArgumentParser(description="One rank of the synchronous baseline (started by murmur.node.lab.sync_baseline).")
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--config", required=True, help="the run's Config as JSON")
+    parser.add_argument("--out", required=True, help="write the rank's result JSON here")
+    args = parser.parse_args(argv)
+    run_rank(args.rank, config_from_json(args.config), args.out)
+
+
+def config_from_json(text: str) -> Config:
+    """The `Config` that `json.dumps(asdict(config))` wrote (JSON has no tuples); raises TypeError on unknown fields."""
+    fields = json.loads(text)
+    return Config(**{**fields, "slowdowns": tuple(fields["slowdowns"])})
+
+
+if __name__ == "__main__":
+    main()

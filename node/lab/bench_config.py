@@ -1,0 +1,56 @@
+"""The benchmark's fixed workloads, speed mixes, methods and run configurations (`murmur bench`)."""
+
+MIXES = {
+    "homogeneous": [1.0, 1.0, 1.0, 1.0],
+    "mild": [1.0, 1.0, 1.0, 2.0],
+    "headline": [1.0, 1.0, 2.0, 4.0],
+    "extreme": [1.0, 1.0, 1.0, 10.0],
+    "pair": [1.0, 2.0],  # the smallest swarm, for the harness test
+}
+# Fixed workloads; step_time pads every step to S x step_time ms per 32 samples. `lr_scale`: each
+# method's learning-rate multiplier, from `--sweep-lr` (methods not listed train at 1); `local_steps`: diloco's H;
+# `eval_every`: seconds between held-out evaluations (default 1).
+TASKS = {
+    # digits' spec fixes SGD at lr 0.05; the sweep (2 seeds) found ×2 best for sync-equal and for murmur alike.
+    "digits": {"step_time": 20.0, "target": 0.95, "metric": "accuracy", "higher": True, "max_s": 120.0,
+               "lr_scale": dict.fromkeys(["sync-equal", "sync-proportional", "diloco", "murmur-uniform", "murmur-work", "murmur"], 2.0),
+               "local_steps": 8},
+    # A charlm step computes for ~24 ms on one core: at 80 ms the headline mix keeps ~0.8 of the 2 cores
+    # busy training (at 40 ms it needed 1.65 and the emulated devices fell ~20 % behind their speeds).
+    "charlm": {"step_time": 80.0, "target": 2.5, "metric": "loss", "higher": False, "max_s": 120.0,
+               "lr_scale": {"sync-proportional": 2.0}, "local_steps": 8},
+    # 2.15M parameters (8.6 MB of float32), the slow-link task. A step computes for ~410 ms on one thread (best of
+    # 40, measured on the shared 2-core machine): at 1250 ms the headline mix keeps ~0.9 of the 2 cores busy
+    # training (0.41 x (1 + 1 + 1/2 + 1/4) / 1.25). An evaluation (128 windows of 64 bytes) computes for ~0.6-1 s,
+    # so every peer evaluates every 6 s, not every second. One sync-proportional run on loopback reached loss 3.0
+    # after ~52 s (2.91 at 112 s; `python -m murmur.node.lab.sync_baseline --task charlm-large --slowdowns 1,1,2,4
+    # --mode proportional --step-time-ms 1250 --duration 110 --eval-every 5`, on a busy machine).
+    # diloco syncs every 4 steps: over a 20 Mbit/s link one all-reduce of 8.6 MB takes ~5 s.
+    "charlm-large": {"step_time": 1250.0, "target": 3.0, "metric": "loss", "higher": False, "max_s": 120.0,
+                     "lr_scale": {}, "local_steps": 4, "eval_every": 6.0},
+}
+METHODS = ["sync-equal", "sync-proportional", "diloco", "murmur-uniform", "murmur-work", "murmur"]
+# What each Murmur method tells `murmur run` beyond the workload; `murmur` keeps every default.
+MURMUR_ARGS = {
+    "murmur-uniform": ["--merge", "average", "--weighting", "uniform"],
+    "murmur-work": ["--merge", "average", "--weighting", "work"],
+    "murmur": [],
+    # Ablations, for `--methods` (not in the default run): what each part of the default buys.
+    "murmur-keep-state": ["--merge", "average", "--weighting", "work", "--optimizer-state", "keep"],
+    "murmur-avg-state": ["--merge", "average", "--weighting", "work", "--optimizer-state", "average"],
+    "murmur-outer": ["--merge", "outer", "--weighting", "work", "--optimizer-state", "average"],
+}
+SWEEP_METHODS = ["sync-equal", "murmur"]
+SWEEP_SCALES = [0.25, 0.5, 1.0, 2.0]  # ×2 grid around each task's own learning rate
+DEFAULT = {"tasks": ["digits", "charlm"], "mixes": {"digits": ["homogeneous", "mild", "headline", "extreme"], "charlm": ["headline"]}, "seeds": [0, 1, 2], "max_s": {"digits": 25.0, "charlm": 60.0}}
+QUICK = {"tasks": ["digits"], "mixes": {"digits": ["headline"]}, "seeds": [0], "max_s": {"digits": 20.0}}
+SWEEP = {"tasks": ["charlm", "digits"], "mixes": {"charlm": ["headline"], "digits": ["headline"]}, "seeds": [0, 1],
+         "max_s": DEFAULT["max_s"], "sweep": True, "runs": [(m, s) for s in SWEEP_SCALES for m in SWEEP_METHODS]}
+# Slow links (`murmur bench --link-mbit`, root): the 2M-parameter LM over capped links, the baselines over the same
+# links. Murmur runs with its own exchange cadence; nothing is tuned per link. The uneven variant gives each peer of
+# the headline mix its own cap, in peer order (`--link-mbit 100,50,20,10`). 180 s: at 20 Mbit/s one all-reduce of the
+# 8.6 MB model takes ~5 s, so the synchronous baselines need ~2-3 minutes to reach charlm-large's target.
+SLOW_LINK = {"tasks": ["charlm-large"], "mixes": {"charlm-large": ["headline"]}, "seeds": [0, 1, 2],
+             "max_s": {"charlm-large": 180.0}, "methods": ["sync-equal", "sync-proportional", "diloco", "murmur-work", "murmur"],
+             "link_mbit": [20.0]}
+SLOW_LINK_UNEVEN = {**SLOW_LINK, "link_mbit": [100.0, 50.0, 20.0, 10.0]}

@@ -1,0 +1,138 @@
+"""Scoring and reporting for `murmur bench`: % of ideal, metric at equal samples, the summary table,
+the learning-rate choice of a sweep, plots; `rescore` redoes them from a stored results.json."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+from pathlib import Path
+
+from murmur.node.lab.bench_config import METHODS, MIXES, MURMUR_ARGS, TASKS
+from murmur.node.lab.bench_plots import run_labels, plot
+
+
+def _at_samples(result: dict, metric: str, samples: float) -> float | None:
+    """The metric when the run had processed `samples` in all (linear between evaluations), or None beyond its end."""
+    curve = result["curve"]
+    for before, after in itertools.pairwise(curve):
+        if before["samples"] <= samples <= after["samples"]:
+            span = after["samples"] - before["samples"]
+            share = (samples - before["samples"]) / span if span else 1.0
+            return before[metric] + share * (after[metric] - before[metric])
+    return None
+
+
+def score(group: list[dict]) -> list[dict]:
+    """Add % of ideal and the metric at equal samples to one task, seed and mix's runs (ideal first)."""
+    metric = TASKS[group[0]["task"]]["metric"]
+    ideal = next(g["samples_per_s"] for g in group if g["method"] == "ideal")
+    # Equal samples: as many as sync-equal needed to reach its target (a method that stopped before has none);
+    # in a sweep, the best-tuned sync-equal's.
+    syncs = [g for g in group if g["method"] == "sync-equal" and g["curve"]]
+    best = min(syncs, key=lambda g: g.get("time_to_target") or float("inf"), default=None)
+    budget = best["curve"][-1]["samples"] if best else None
+    for g in group:
+        g.setdefault("label", g["method"])
+        g["pct_of_ideal"] = g["samples_per_s"] / ideal if ideal else None
+        g["metric_at_equal_samples"] = _at_samples(g, metric, budget) if budget and g["method"] != "ideal" else None
+    return group
+
+
+def report(run: dict, out: Path) -> dict:
+    """Write `run`'s results.json, summary.md and plots under `out`, print the summary, return `run`."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(run, indent=1))
+    summary = summarize(run["results"]) + f"\nBenchmark wall time: {run['wall_s'] / 60:.1f} min ({len(run['results'])} runs).\n"
+    if run["config"].get("sweep"):  # its verdict is what the default run should use
+        run["chosen_lr_scale"] = chosen = choose_lr(run["results"])
+        summary += "\nBest learning rate (median time to target, then metric at equal samples): " + "; ".join(
+            f"{task} {method} {base_lr(task) * scale:.3g} (×{scale:g})" for task, picks in chosen.items() for method, scale in picks.items()
+        ) + ".\n"
+        (out / "results.json").write_text(json.dumps(run, indent=1))
+    (out / "summary.md").write_text(summary)
+    plot(run["results"], out)
+    print(summary)
+    return run
+
+
+def rescore(results_file: Path, out: Path) -> dict:
+    """Score an earlier run's results again (after a change to the scoring) and report them under `out`."""
+    run = json.loads(results_file.read_text())
+    groups: dict[tuple, list[dict]] = {}
+    for r in run["results"]:
+        groups.setdefault((r["task"], r["seed"], r["mix"]), []).append(r)
+    for group in groups.values():
+        score(group)
+    return report(run, out)
+
+
+def _med(values: list[float], digits: int = 2) -> str:
+    """Median and (min–max) of the seeds' values."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "—"
+    f = f".{digits}f"
+    return format(statistics.median(values), f) + (f" ({min(values):{f}}–{max(values):{f}})" if len(values) > 1 else "")
+
+
+def base_lr(task: str) -> float:
+    """The learning rate the task's own optimizer starts with (its first parameter group's)."""
+    from murmur.node.learn.tasks import load_task
+
+    spec = load_task(task)
+    return spec.make_optimizer(spec.build_model()).param_groups[0]["lr"]
+
+
+def _links_line(results: list[dict]) -> list[str]:
+    """The line naming the link caps of runs over slow links (none on loopback)."""
+    caps = list(dict.fromkeys(tuple(r["link_mbit"]) for r in results if r.get("link_mbit")))
+    if not caps:
+        return []
+    named = "; ".join(", ".join(f"{c:g}" for c in cap) for cap in caps)
+    return [f"Links capped at {named} Mbit/s (per peer, in peer order; tc tbf, one network namespace per peer and rank).", ""]
+
+
+def summarize(results: list[dict]) -> str:
+    lines = _links_line(results) + ["| task | mix | method | time to target s | vs sync-equal | samples/s | % of ideal | max peer idle | metric at equal samples | lr |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    keys = sorted({(r["task"], r["mix"]) for r in results}, key=lambda k: (k[0], list(MIXES).index(k[1])))
+    for task, mix in keys:
+        lr = base_lr(task)
+        for label in run_labels(results):
+            rs = [r for r in results if (r["task"], r["mix"], r.get("label", r["method"])) == (task, mix, label)]
+            if not rs:
+                continue
+            ratios = []
+            for r in rs:
+                syncs = [b for b in results if (b["task"], b["mix"], b["seed"], b["method"]) == (task, mix, r["seed"], "sync-equal")]
+                base = min((b["time_to_target"] for b in syncs if b.get("time_to_target")), default=None)  # the best-tuned
+                if label != "ideal" and base and r.get("time_to_target"):
+                    ratios.append(r["time_to_target"] / base)
+            scale = rs[0].get("lr_scale")
+            lines.append(
+                f"| {task} | {mix} | {label} | {_med([r.get('time_to_target') for r in rs]) if label != 'ideal' else '—'} | {_med(ratios)} | "
+                f"{_med([r['samples_per_s'] for r in rs])} | {_med([r['pct_of_ideal'] for r in rs])} | "
+                f"{_med([max(p['idle_fraction'] for p in r['peers']) for r in rs])} | {_med([r.get('metric_at_equal_samples') for r in rs], 3)} | "
+                f"{f'{lr * scale:.3g} (×{scale:g})' if scale and label != 'ideal' else '—'} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def choose_lr(results: list[dict]) -> dict[str, dict[str, float]]:
+    """Per task and swept method, the scale with the best median time to target (then metric at equal samples)."""
+    chosen: dict[str, dict[str, float]] = {}
+    for task in sorted({r["task"] for r in results}):
+        higher = TASKS[task]["higher"]
+        swept = {r["method"] for r in results if r["task"] == task and r["method"] != "ideal"}
+        for method in [m for m in [*METHODS, *MURMUR_ARGS] if m in swept]:
+            scores = []
+            for scale in sorted({r["lr_scale"] for r in results if (r["task"], r["method"]) == (task, method)}):
+                rs = [r for r in results if (r["task"], r["method"], r["lr_scale"]) == (task, method, scale)]
+                ttt = statistics.median(r.get("time_to_target") or float("inf") for r in rs)
+                at_equal = [r["metric_at_equal_samples"] for r in rs if r.get("metric_at_equal_samples") is not None]
+                quality = statistics.median(at_equal) if at_equal else float("nan")
+                scores.append((ttt, -quality if higher else quality, scale))
+            if scores:
+                chosen.setdefault(task, {})[method] = min(scores, key=lambda s: (s[0], s[1] if s[1] == s[1] else float("inf")))[2]
+    return chosen
