@@ -354,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", default=None, metavar="M[@SCALE],…",
                         help=f"run these methods instead (from {[*METHODS, *(m for m in MURMUR_ARGS if m not in METHODS)]}), "
                              "each optionally at a learning-rate scale, e.g. sync-equal@0.5,murmur@2")
+    parser.add_argument("--max-s", type=float, default=None, metavar="SECONDS",
+                        help="stop every run after this long (default: the configuration's per task)")
     parser.add_argument("--rescore", type=Path, default=None, metavar="RESULTS_JSON",
                         help="run nothing: score an earlier run's results.json again and write the table and plots to --out")
     args = parser.parse_args(argv)
@@ -374,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
             config["max_s"].setdefault(t, DEFAULT["max_s"].get(t, TASKS[t]["max_s"]))
     if args.mixes:
         config["mixes"] = {t: args.mixes.split(",") for t in config["tasks"]}
+    if args.max_s:
+        config["max_s"] = dict.fromkeys(config["tasks"], args.max_s)
     if args.methods:
         try:
             config["runs"] = [_method_arg(m) for m in args.methods.split(",")]
