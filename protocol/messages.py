@@ -54,12 +54,25 @@ def _check_addrs(name: str, value: Any) -> None:
         _check_text(name, addr, 256)
 
 
+def _check_fresh(value: Any, work: Any) -> None:
+    """`fresh` (work since the sender's anchor) is null, or a finite number in [0, work]."""
+    if value is None:
+        return
+    _check_work("fresh", value)
+    if value > work:
+        raise MalformedMessage(f"field 'fresh' must not exceed the stated work {work!r}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class Message:
     TYPE: ClassVar[int]
+    # Fields a sender leaves out while they are None, so that its frames stay byte for byte what
+    # peers from before the field expect; a decoder takes them as None when absent.
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset()
 
     def body(self) -> bytes:
-        return json.dumps(dataclasses.asdict(self), separators=(",", ":")).encode()
+        fields = {k: v for k, v in dataclasses.asdict(self).items() if not (k in self.OPTIONAL and v is None)}
+        return json.dumps(fields, separators=(",", ":")).encode()
 
     @classmethod
     def from_body(cls, body: bytes) -> Message:
@@ -68,9 +81,11 @@ class Message:
         except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, huge ints, deep nesting
             raise MalformedMessage(f"{cls.__name__}: body is not UTF-8 JSON ({exc})") from None
         expected = {f.name for f in dataclasses.fields(cls)}
-        if not isinstance(fields, dict) or set(fields) != expected:
+        required = expected - cls.OPTIONAL
+        if not isinstance(fields, dict) or not required <= set(fields) <= expected:
             got = sorted(fields) if isinstance(fields, dict) else type(fields).__name__
-            raise MalformedMessage(f"{cls.__name__}: expected fields {sorted(expected)}, got {got}")
+            optional = f" (optional {sorted(cls.OPTIONAL)})" if cls.OPTIONAL else ""
+            raise MalformedMessage(f"{cls.__name__}: expected fields {sorted(required)}{optional}, got {got}")
         try:
             return cls(**fields)
         except TypeError as exc:  # a nested field of the wrong shape
@@ -181,30 +196,40 @@ class Refuse(Message):
 
 @dataclass(frozen=True)
 class Offer(Message):
-    """Averaging: the initiator proposes an exchange and states its work weight."""
+    """Averaging: the initiator proposes an exchange and states its work weight.
+
+    `fresh`, the part of `work` the initiator trained since its model last merged, lets
+    a staleness-aware rule discount the less fresh side; None (left out) states nothing.
+    """
 
     TYPE: ClassVar[int] = 3
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"fresh"})
     run_id: str
     fingerprint: str
     work: float
     wire_dtype: str = "float32"  # both sides send their model in this dtype
+    fresh: float | None = None
 
     def __post_init__(self) -> None:
         _check_text("run_id", self.run_id, 128)
         _check_text("fingerprint", self.fingerprint, 128)
         _check_work("work", self.work)
         _check_wire_dtype("wire_dtype", self.wire_dtype)
+        _check_fresh(self.fresh, self.work)
 
 
 @dataclass(frozen=True)
 class Accept(Message):
-    """Averaging: the responder agrees and states its own work weight."""
+    """Averaging: the responder agrees and states its own work weight (and `fresh`, as in `Offer`)."""
 
     TYPE: ClassVar[int] = 4
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"fresh"})
     work: float
+    fresh: float | None = None
 
     def __post_init__(self) -> None:
         _check_work("work", self.work)
+        _check_fresh(self.fresh, self.work)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import trio.testing
 
 from murmur.node.averaging.averager import AVERAGE_PROTOCOL, STATE_PROTOCOL, Averager
 from murmur.node.averaging.factory import build_averager
+from murmur.node.learn.rules import MergeRule, OuterRule, WorkRule
 from murmur.node.learn.runtime import Runtime
 from murmur.node.learn.tasks import DigitsTask
 from murmur.node.learn.trainer import Trainer
@@ -72,11 +73,11 @@ class Peer:
 
 def make_peer(
     net: MemoryNetwork, name: str, shard: int, *, run_id: str = "digits", wire_dtype: str = "float32",
-    bans: BanList | None = None, transport: MemoryTransport | None = None,
+    bans: BanList | None = None, transport: MemoryTransport | None = None, rule: MergeRule | None = None,
 ) -> Peer:  # fmt: skip
     """A digits peer called `name` on `net`, its averager built as the node builds it, on simulated time."""
     transport = FaultInjector(transport or net.transport(name))
-    trainer = Trainer(DigitsTask(), shard=shard)
+    trainer = Trainer(DigitsTask(), shard=shard, rule=rule)
     averager = build_averager(
         transport, trainer, run_id=run_id, table=PeerTable(name, liveness_timeout=1e9), bans=bans,
         rng=random.Random(shard), exchange_timeout=TIMEOUT, wire_dtype=wire_dtype, runtime=Runtime.simulated(),
@@ -371,6 +372,62 @@ async def test_an_inflated_work_claim_is_capped_and_struck(caplog: pytest.LogCap
         assert_state_close(honest.state(), {n: s_honest[n] + 0.8 * (s_liar[n] - s_honest[n]) for n in s_honest})
         assert honest.trainer.weight == (BATCH + 4 * BATCH) / 2
     assert f"strike 1/3 for {liar.id[-8:]}: claimed work 1e+06 capped at 128 (ours 32)" in caplog.text
+
+
+# --- staleness: fresh work stated in Offer and Accept -------------------------------------
+
+
+def averaging_outer() -> OuterRule:
+    return OuterRule(lr=1.0, momentum=0.0, discount=0.5)  # an outer step that lands on the pair's target
+
+
+async def test_outer_peers_state_their_fresh_work_and_discount_the_staler_side() -> None:
+    net = MemoryNetwork()
+    a, b = (make_peer(net, f"peer{i}", i, rule=averaging_outer()) for i in range(2))
+    async with running(a, b):
+        a.steps(3)
+        b.steps(1)
+        await a.averager.exchange_with(b.id, b.transport.addresses())  # first merge: fresh work = weight
+        await settled(a, b)
+        assert (a.trainer.weight, a.trainer.fresh, b.trainer.fresh) == (64, 0, 0)
+        a.steps(1)
+        b.steps(3)  # now b did 3x a's work since the anchor both share, a is the stale side
+        sa, sb = a.trainer.snapshot(), b.trainer.snapshot()
+        outcome = await a.averager.exchange_with(b.id, b.transport.addresses())
+        await settled(a, b)
+        share = 0.5 * 160 / 256 + 0.5 * 96 / 128  # (1 - κ)·w_b/(w_a + w_b) + κ·f_b/(f_a + f_b)
+        assert outcome.reason == "outer step toward the work: partner holds 62% of the pair's work; partner did 75% of the fresh work: share 69%"
+        assert outcome.remote_share == pytest.approx(share)
+        assert b.averager.recent[-1].remote_share == pytest.approx(1 - share)
+        expected = {n: sa.state[n] + share * (sb.state[n] - sa.state[n]) for n in sa.state}
+        assert_state_close(a.state(), expected)
+        assert_state_close(b.state(), expected)
+        assert a.trainer.weight + b.trainer.weight == 96 + 160 and a.trainer.fresh == b.trainer.fresh == 0
+
+
+async def test_a_partner_that_states_no_fresh_work_leaves_the_outer_rule_to_the_weights() -> None:
+    net = MemoryNetwork()
+    outer, work = make_peer(net, "outer", 0, rule=averaging_outer()), make_peer(net, "work", 1, rule=WorkRule())
+    async with running(outer, work):
+        outer.steps(3)
+        work.steps(1)
+        outcome = await outer.averager.exchange_with(work.id, work.transport.addresses())
+        await settled(outer, work)
+        assert (outcome.reason, outcome.remote_share) == ("outer step toward the work: partner holds 25% of the pair's work", 0.25)
+        assert last(work) == ("merged", "work: partner holds 75% of the pair's work")
+
+
+async def test_a_fresh_work_claim_is_capped_at_the_credited_weight() -> None:
+    net = MemoryNetwork()
+    liar, honest = (make_peer(net, f"peer{i}", i, rule=averaging_outer()) for i in range(2))
+    async with running(liar, honest):
+        liar.steps(1)
+        honest.steps(1)
+        liar.trainer.weight = liar.trainer.fresh = 1e6  # a million samples, all since its anchor
+        await liar.averager.exchange_with(honest.id, honest.transport.addresses())
+        await settled(liar, honest)
+        # Credited 128 (4x ours) and so fresh 128 at most: shares 0.8 and 0.8, not ~0.9.
+        assert honest.averager.recent[-1].remote_share == pytest.approx(0.8)
 
 
 # --- failures and timeouts ---------------------------------------------------------------

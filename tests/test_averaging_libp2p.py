@@ -7,7 +7,7 @@ The averager's behaviour in detail is unit-tested on the in-memory transport
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import anyio
@@ -17,6 +17,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 
 from murmur.node.averaging.averager import Averager
 from murmur.node.averaging.factory import build_averager
+from murmur.node.learn.rules import MergeRule, OuterRule, WorkRule
 from murmur.node.learn.tasks import DigitsTask
 from murmur.node.learn.trainer import Trainer
 from murmur.node.net.libp2p_transport import Libp2pTransport
@@ -26,12 +27,12 @@ pytestmark = pytest.mark.anyio
 
 
 @asynccontextmanager
-async def libp2p_peers(n: int) -> AsyncIterator[list[tuple[Libp2pTransport, Averager]]]:
+async def libp2p_peers(n: int, rule: Callable[[], MergeRule] = WorkRule) -> AsyncIterator[list[tuple[Libp2pTransport, Averager]]]:
     async with AsyncExitStack() as stack:
         out = []
         for i in range(n):
             transport = Libp2pTransport(create_new_key_pair())
-            trainer = Trainer(DigitsTask(), shard=i)
+            trainer = Trainer(DigitsTask(), shard=i, rule=rule())
             table = PeerTable(transport.peer_id, liveness_timeout=1e9)
             averager = build_averager(transport, trainer, table=table, rng=random.Random(i), exchange_timeout=10.0)
             await stack.enter_async_context(transport.run(["/ip4/127.0.0.1/tcp/0"]))
@@ -60,6 +61,24 @@ async def test_two_libp2p_peers_merge_once_to_the_work_weighted_mean() -> None:
         assert_state_close(a.trainer.snapshot().state, expected)
         assert_state_close(b.trainer.snapshot().state, expected)
         assert a.trainer.weight == b.trainer.weight == (sa.weight + sb.weight) / 2
+
+
+async def test_outer_peers_discount_the_staler_side_over_libp2p() -> None:
+    async with libp2p_peers(2, lambda: OuterRule(lr=1.0, momentum=0.0, discount=0.5)) as [(_, a), (tb, b)]:
+        for steps_a, steps_b, merges in ((3, 1, 1), (1, 3, 2)):  # the second time, a is the stale side
+            for _ in range(steps_a):
+                a.trainer.step()
+            for _ in range(steps_b):
+                b.trainer.step()
+            with anyio.fail_after(20):
+                outcome = await a.exchange_with(tb.peer_id, tb.addresses())
+                while b.outcomes["merged"] < merges:
+                    await anyio.sleep(0.01)
+        # weights 96 and 160, fresh work 32 and 96: (1 - κ)·160/256 + κ·96/128
+        assert outcome.remote_share == pytest.approx(0.5 * 160 / 256 + 0.5 * 96 / 128)
+        assert b.recent[-1].remote_share == pytest.approx(1 - outcome.remote_share)
+        assert a.trainer.fresh == b.trainer.fresh == 0
+        assert_state_close(a.trainer.snapshot().state, b.trainer.snapshot().state)
 
 
 async def test_a_newcomer_syncs_a_libp2p_peers_model() -> None:

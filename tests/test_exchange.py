@@ -127,6 +127,27 @@ def test_average_exchange_fed_one_byte_at_a_time() -> None:
     assert sides[I].state == sides[R].state == DONE
 
 
+def test_fresh_work_in_offer_and_accept_fed_one_byte_at_a_time() -> None:
+    sides = _pair(AVERAGE)
+    for sender, message in [(I, Offer("run", "fp", 10.0, "bfloat16", 4.0)), (R, Accept(5.0, 5.0))]:
+        data = sides[sender].send(message)
+        receiver = sides[_other(sender)]
+        for i in range(len(data) - 1):
+            receiver.receive_data(data[i : i + 1])
+            assert receiver.next_event() is NEED_DATA
+        receiver.receive_data(data[-1:])
+        assert receiver.next_event() == message
+    assert sides[I].state == sides[R].state == "accepted"
+
+
+def test_a_fresh_work_claim_above_the_offered_work_is_malformed() -> None:
+    responder = Exchange(R, AVERAGE)
+    body = b'{"run_id":"run","fingerprint":"fp","work":1,"wire_dtype":"float32","fresh":2.5}'
+    responder.receive_data(len(body).to_bytes(4, "big") + bytes([Offer.TYPE]) + body)
+    with pytest.raises(MalformedMessage, match="field 'fresh' must not exceed the stated work 1, got 2.5"):
+        responder.next_event()
+
+
 def test_several_frames_in_one_chunk_are_returned_in_order() -> None:
     responder = Exchange(R, STATE_SYNC)
     initiator = Exchange(I, STATE_SYNC, max_params_bytes=MAX_PARAMS)

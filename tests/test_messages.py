@@ -121,6 +121,8 @@ messages = st.one_of(
     st.builds(Refuse, st.text(max_size=MAX_TEXT)),
     st.builds(Offer, texts, texts, works, st.sampled_from(WIRE_DTYPE_NAMES)),
     st.builds(Accept, works),
+    works.flatmap(lambda w: st.builds(Offer, texts, texts, st.just(w), st.sampled_from(WIRE_DTYPE_NAMES), st.floats(0, w))),
+    works.flatmap(lambda w: st.builds(Accept, st.just(w), st.floats(0, w))),
     st.builds(Busy, texts),
     st.builds(Params, st.sampled_from(["float32", "x" * 16]), texts, st.integers(0, MAX_PARAMS_SIZE)),
     st.builds(Chunk, st.binary(max_size=64)),
@@ -379,3 +381,44 @@ def test_bad_summary_field_is_rejected_by_name(overrides: dict[str, object], fie
 def test_summary_of_the_wrong_shape_is_rejected(summary: object) -> None:
     with pytest.raises(MalformedMessage, match="summary"):
         decode_body(Hello.TYPE, _body(**_hello_fields(summary=summary)))
+
+
+# --- fresh work (work since the sender's anchor), optional in Offer and Accept ----------------
+
+
+def test_fresh_work_travels_only_when_stated_so_older_frames_stay_byte_for_byte() -> None:
+    offer = b'{"run_id":"r","fingerprint":"f","work":2.0,"wire_dtype":"float32"}'  # as before the field
+    assert encode_frame(Offer("r", "f", 2.0)) == FRAME_HEADER.pack(len(offer), Offer.TYPE) + offer
+    assert encode_frame(Accept(7.0)) == FRAME_HEADER.pack(12, Accept.TYPE) + b'{"work":7.0}'
+    assert encode_frame(Accept(7.0, 3.0)) == FRAME_HEADER.pack(24, Accept.TYPE) + b'{"work":7.0,"fresh":3.0}'
+    assert decode_body(Accept.TYPE, b'{"work":7.0}') == Accept(7.0, None)  # a peer from before the field
+    assert decode_body(Offer.TYPE, b'{"run_id":"r","fingerprint":"f","work":2,"wire_dtype":"int8","fresh":2}').fresh == 2
+
+
+@pytest.mark.parametrize("msg_type", [Offer, Accept])
+@pytest.mark.parametrize(
+    ("fresh_json", "match"),
+    [
+        ("-1", "field 'fresh' must be a finite number in"),
+        ("NaN", "field 'fresh' must be a finite number in"),
+        ("Infinity", "field 'fresh' must be a finite number in"),
+        ("1e400", "field 'fresh' must be a finite number in"),
+        ("true", "field 'fresh' must be a finite number in"),
+        ('"5"', "field 'fresh' must be a finite number in"),
+        ("10.5", "field 'fresh' must not exceed the stated work 10, got 10.5"),
+    ],
+)
+def test_bad_fresh_work_is_rejected_by_name(msg_type: type[Message], fresh_json: str, match: str) -> None:
+    fields = '"run_id":"r","fingerprint":"f","wire_dtype":"float32",' if msg_type is Offer else ""
+    with pytest.raises(MalformedMessage, match=match):
+        decode_body(msg_type.TYPE, ('{' + fields + '"work":10,"fresh":' + fresh_json + "}").encode())
+
+
+def test_fresh_work_above_the_stated_work_is_refused_on_construction() -> None:
+    with pytest.raises(MalformedMessage, match="field 'fresh' must not exceed the stated work 1.0, got 2.0"):
+        Accept(1.0, 2.0)
+
+
+def test_a_missing_required_field_names_the_optional_ones_too() -> None:
+    with pytest.raises(MalformedMessage, match=r"Accept: expected fields \['work'\] \(optional \['fresh'\]\), got \['fresh'\]"):
+        decode_body(Accept.TYPE, b'{"fresh":1}')

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from murmur.node.learn.rules import RULES, MergeDelta, MixDecision, UniformRule, WorkRule, make_rule
@@ -67,6 +67,7 @@ def test_make_rule_rejects_unknown_names_listing_choices() -> None:
 
 
 @given(positive_weights, positive_weights, seeds, seeds)
+@settings(deadline=None)
 def test_work_merge_is_the_work_weighted_mean(w_l: float, w_r: float, seed_l: int, seed_r: int) -> None:
     theta_l, theta_r, mix_l, _, merged_l, _ = _both_sides("work", w_l, w_r, seed_l, seed_r)
     assert mix_l.remote_share == pytest.approx(w_r / (w_l + w_r))
@@ -76,6 +77,7 @@ def test_work_merge_is_the_work_weighted_mean(w_l: float, w_r: float, seed_l: in
 
 
 @given(positive_weights, positive_weights, seeds, seeds)
+@settings(deadline=None)
 def test_uniform_merge_takes_equal_shares(w_l: float, w_r: float, seed_l: int, seed_r: int) -> None:
     theta_l, theta_r, mix_l, _, merged_l, _ = _both_sides("uniform", w_l, w_r, seed_l, seed_r)
     assert mix_l == MixDecision(0.5, (w_l + w_r) / 2, "uniform: equal shares")
@@ -84,6 +86,7 @@ def test_uniform_merge_takes_equal_shares(w_l: float, w_r: float, seed_l: int, s
 
 @pytest.mark.parametrize("policy_name", POLICY_NAMES)
 @given(w_l=weights, w_r=weights, seed_l=seeds, seed_r=seeds)
+@settings(deadline=None)
 def test_both_sides_reach_the_same_model_and_weight(policy_name: str, w_l: float, w_r: float, seed_l: int, seed_r: int) -> None:
     _, _, mix_l, mix_r, merged_l, merged_r = _both_sides(policy_name, w_l, w_r, seed_l, seed_r)
     assert mix_l.remote_share + mix_r.remote_share == pytest.approx(1.0)
@@ -100,6 +103,7 @@ def test_total_weight_is_conserved(policy_name: str, w_l: float, w_r: float) -> 
 
 
 @given(weights, weights, seeds, seeds)
+@settings(deadline=None)  # torch on a shared 2-core machine: a slow example is not a failure
 def test_work_merge_conserves_weighted_parameters(w_l: float, w_r: float, seed_l: int, seed_r: int) -> None:
     theta_l, theta_r, mix_l, mix_r, merged_l, merged_r = _both_sides("work", w_l, w_r, seed_l, seed_r)
     scale = max(w_l + w_r, 1.0)
@@ -126,6 +130,7 @@ def test_two_peers_without_work_take_equal_shares(policy_name: str, reason: str)
 
 @pytest.mark.parametrize("policy_name", POLICY_NAMES)
 @given(w=positive_weights, seed_l=seeds, seed_r=seeds)
+@settings(deadline=None)
 def test_peer_without_work_adopts_its_partners_model(policy_name: str, w: float, seed_l: int, seed_r: int) -> None:
     theta_new, theta_old, mix_new, mix_old, merged_new, merged_old = _both_sides(policy_name, 0.0, w, seed_l, seed_r)
     assert mix_new == MixDecision(1.0, w / 2, "local model has no work yet: adopt the partner's", screen=False)
@@ -148,6 +153,7 @@ def test_peer_without_work_adopts_exactly_representable_parameters_bit_for_bit(p
 
 @pytest.mark.parametrize("policy_name", POLICY_NAMES)
 @given(w_l=weights, w_r=weights, seed_l=seeds, seed_r=seeds, seed_d=seeds)
+@settings(deadline=None)
 def test_delta_applied_to_a_moved_live_model_keeps_its_progress(
     policy_name: str, w_l: float, w_r: float, seed_l: int, seed_r: int, seed_d: int
 ) -> None:

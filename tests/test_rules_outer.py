@@ -106,3 +106,136 @@ def test_a_changed_rule_keeps_the_checkpointed_model_and_starts_over() -> None:
     assert outer.samples == 32
     model = outer.snapshot().state
     assert all(torch.equal(outer.rule.anchor[n], model[n]) for n in model)
+
+
+# --- staleness: the share follows the work since each side's anchor -------------------------------
+
+works = st.integers(1, 10**6).map(float)
+fractions = st.floats(0.0, 1.0)
+discounts = st.floats(0.0, 1.0)
+
+
+def _sides(w_l: float, w_r: float, f_l: float, f_r: float, discount: float):
+    rule = OuterRule(lr=1.0, momentum=0.0, discount=discount)
+    return rule.decide(w_l, w_r, (f_l, f_r)), rule.decide(w_r, w_l, (f_r, f_l))
+
+
+@given(works, works, fractions, fractions, discounts)
+@settings(max_examples=200, deadline=None)
+def test_the_share_is_the_stated_blend_of_cumulative_and_fresh_work(
+    w_l: float, w_r: float, x_l: float, x_r: float, discount: float
+) -> None:
+    f_l, f_r = x_l * w_l, x_r * w_r  # fresh work is part of each side's weight
+    local, remote = _sides(w_l, w_r, f_l, f_r, discount)
+    p = w_r / (w_l + w_r)
+    q = f_r / (f_l + f_r) if f_l + f_r > 0 else p
+    assert local.remote_share == pytest.approx((1 - discount) * p + discount * q, rel=1e-12, abs=1e-12)
+    assert local.remote_share + remote.remote_share == pytest.approx(1.0, rel=1e-12)  # both reach one target
+    assert local.weight_after + remote.weight_after == pytest.approx(w_l + w_r, rel=1e-12)  # Σ work conserved
+
+
+@given(works, fractions, fractions, st.floats(0.01, 1.0))
+@settings(max_examples=200, deadline=None)
+def test_the_side_with_less_fresh_work_is_discounted(w: float, x_stale: float, x_fresh: float, discount: float) -> None:
+    """Equal cumulative weights (as merges leave them): the staler partner gets less than half, by κ·(½ − q)."""
+    f_stale, f_fresh = sorted((x_stale * w, x_fresh * w))
+    decision, _ = _sides(w, w, f_fresh, f_stale, discount)
+    q = f_stale / (f_stale + f_fresh) if f_stale + f_fresh > 0 else 0.5
+    assert decision.remote_share == pytest.approx(0.5 - discount * (0.5 - q), rel=1e-12, abs=1e-12)
+    if f_stale < f_fresh:
+        assert decision.remote_share < 0.5
+    # A staler partner still: its share only falls.
+    staler, _ = _sides(w, w, f_fresh, f_stale / 2, discount)
+    assert staler.remote_share <= decision.remote_share
+
+
+@given(works, works, st.floats(1e-3, 1.0), discounts, seeds, seeds, seeds)
+@settings(max_examples=50, deadline=None)
+def test_lr_one_without_momentum_is_todays_work_averaging_when_fresh_work_is_proportional(
+    w_l: float, w_r: float, x: float, discount: float, seed_a: int, seed_l: int, seed_r: int
+) -> None:
+    """The stated reduction: f_r/(f_l+f_r) = w_r/(w_l+w_r) (e.g. a first merge, where f = w) gives `work`'s share,
+    whatever κ; so does κ = 0, or a partner that stated no fresh work."""
+    work = make_rule("work").decide(w_l, w_r)
+    rule = OuterRule(lr=1.0, momentum=0.0, discount=discount)
+    for decision in (rule.decide(w_l, w_r, (x * w_l, x * w_r)), rule.decide(w_l, w_r), OuterRule(1.0, 0.0, discount=0.0).decide(w_l, w_r, (w_l, 0.0))):
+        assert decision.remote_share == pytest.approx(work.remote_share, rel=1e-9)
+        assert decision.weight_after == work.weight_after
+    rule.reset(_state(seed_a))
+    local, remote = _state(seed_l), _state(seed_r)
+    delta, plain = rule.delta(local, remote, work.remote_share), MergeDelta(local, remote, work.remote_share)
+    for name in local:
+        torch.testing.assert_close(delta[name], plain[name], rtol=1e-5, atol=1e-5)
+
+
+def test_a_fresh_partner_counts_more_than_its_cumulative_weight_says() -> None:
+    rule = OuterRule(discount=0.5)
+    decision = rule.decide(1000.0, 1000.0, (32.0, 96.0))  # partner trained 3x as much since its anchor
+    assert decision.remote_share == pytest.approx(0.5 * 0.5 + 0.5 * 0.75)
+    assert decision.reason == (
+        "outer step toward the work: partner holds 50% of the pair's work; partner did 75% of the fresh work: share 62%"
+    )
+    assert rule.decide(1000.0, 1000.0, (0.0, 0.0)).remote_share == 0.5  # no fresh work anywhere: weights alone
+
+
+def test_trainers_count_fresh_work_since_the_last_merge_and_conserve_total_work() -> None:
+    a = Trainer(DigitsTask(), shard=0, rule=OuterRule(lr=1.0, momentum=0.0))
+    b = Trainer(DigitsTask(), shard=1, rule=OuterRule(lr=1.0, momentum=0.0))
+    b.model.load_state_dict(a.model.state_dict())
+    for _ in range(3):
+        a.step()
+    b.step()
+    sa, sb = a.snapshot(), b.snapshot()
+    assert (sa.fresh, sb.fresh) == (3 * 32, 32)
+    a.step()  # in flight: this step stays fresh after the merge
+    total = sa.weight + sb.weight
+    for trainer, local, remote in ((a, sa, sb), (b, sb, sa)):
+        decision = trainer.rule.decide(local.weight, remote.weight, (local.fresh, remote.fresh))
+        trainer.merge(local, remote.state, decision.remote_share, decision.weight_after)
+    assert (a.fresh, b.fresh) == (32, 0)
+    assert a.weight - 32 + b.weight == total  # Σ work conserved; the in-flight step is a's own
+    a.adopt(b.snapshot().state, b.weight)
+    assert a.fresh == 0
+
+
+def test_checkpoint_and_restore_keep_the_fresh_work_and_the_discount() -> None:
+    original = Trainer(DigitsTask(), shard=0, rule=OuterRule(discount=0.25))
+    original.step()
+    original.step()
+    restored = Trainer(DigitsTask(), shard=0, rule=OuterRule(discount=1.0))
+    restored.restore(original.checkpoint_state())
+    assert (restored.fresh, restored.rule.discount) == (64, 0.25)
+    older = original.checkpoint_state()
+    del older["fresh"], older["merge_rule"]["state"]["discount"]  # written before the staleness rule
+    restored = Trainer(DigitsTask(), shard=0, rule=OuterRule(discount=1.0))
+    restored.restore(older)
+    assert (restored.fresh, restored.rule.discount) == (0.0, 1.0)
+    averaging = Trainer(DigitsTask(), shard=0)
+    averaging.restore(original.checkpoint_state())  # another rule: it starts over from the model, nothing fresh
+    assert averaging.fresh == 0.0
+
+
+def test_a_discount_outside_zero_to_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="staleness discount must be in \\[0, 1\\], got 1.5"):
+        OuterRule(discount=1.5)
+    with pytest.raises(ValueError, match="staleness discount"):
+        make_rule("work", "outer", outer_discount=-0.1)
+
+
+@given(seeds, seeds, seeds, shares, st.floats(0.1, 2.0), st.floats(0.0, 0.99))
+@settings(max_examples=50, deadline=None)
+def test_travelling_optimizer_state_is_averaged_not_stepped(
+    seed_a: int, seed_l: int, seed_r: int, share: float, lr: float, momentum: float
+) -> None:
+    """Adam's second moment stays a convex mix of non-negative values (an outer step could overshoot below 0)."""
+    name = "optimizer.w.exp_avg_sq"
+    anchor, local, remote = ({name: _state(seed)["w"].abs()} for seed in (seed_a, seed_l, seed_r))
+    rule = OuterRule(lr=lr, momentum=momentum)
+    rule.reset(anchor)
+    for _ in range(2):  # the second merge would carry momentum, if any were kept
+        delta = rule.delta(local, remote, share)
+        merged = local[name] + delta[name]
+        torch.testing.assert_close(merged, local[name] + share * (remote[name] - local[name]))
+        assert (merged >= 0).all()
+        torch.testing.assert_close(rule.anchor[name], merged)
+        local = {name: merged}

@@ -52,6 +52,14 @@ class Outcome:
     bytes_sent: int = 0
 
 
+@dataclass(frozen=True)
+class _Claimed:
+    """What the partner stated: its work weight and, if both sides use it, its work since its anchor."""
+
+    work: float
+    fresh: float | None
+
+
 @dataclass
 class _Attempt:
     """One exchange in flight: the partner, when it started, its stream and the bytes sent so far."""
@@ -160,13 +168,15 @@ class Averager:
         attempt.stream = await self.transport.open_stream(attempt.peer_id, addrs, AVERAGE_PROTOCOL)
         conv = Conversation(attempt.stream, Exchange(Role.INITIATOR, AVERAGE, max_params_bytes=self._max_params))
         snapshot = await self.runtime.run_sync(self.trainer.snapshot, self.wire_dtype)
-        await conv.send(Offer(self.identity.run_id, self.identity.fingerprint, snapshot.weight, self.wire_dtype))
+        fresh = self._stated_fresh(snapshot)
+        await conv.send(Offer(self.identity.run_id, self.identity.fingerprint, snapshot.weight, self.wire_dtype, fresh))
         answer = await conv.receive(Accept, Busy, Refuse)
         if isinstance(answer, (Busy, Refuse)):
             await attempt.stream.close()
             return attempt.outcome("busy" if isinstance(answer, Busy) else "refused", answer.reason, self.runtime)
         assert isinstance(answer, Accept)  # for the type checker: `receive` checked it
-        return await self._merge(conv, attempt, snapshot, answer.work, initiator=True)
+        claimed = _Claimed(answer.work, answer.fresh if fresh is not None else None)
+        return await self._merge(conv, attempt, snapshot, claimed, initiator=True)
 
     async def _respond(self, attempt: _Attempt) -> Outcome | None:
         assert attempt.stream is not None
@@ -186,12 +196,22 @@ class Averager:
         try:
             # The initiator picks the wire dtype: both sides must quantize alike for an exact merge.
             snapshot = await self.runtime.run_sync(self.trainer.snapshot, offer.wire_dtype)
-            await conv.send(Accept(snapshot.weight))
-            return await self._merge(conv, attempt, snapshot, offer.work, initiator=False)
+            # Fresh work is stated back only to an initiator that stated its own: peers from before the
+            # field would refuse it, and a rule may only use it when both sides know both values.
+            fresh = self._stated_fresh(snapshot) if offer.fresh is not None else None
+            await conv.send(Accept(snapshot.weight, fresh))
+            claimed = _Claimed(offer.work, offer.fresh if fresh is not None else None)
+            return await self._merge(conv, attempt, snapshot, claimed, initiator=False)
         finally:
             self.in_exchange = False
 
-    async def _merge(self, conv: Conversation, attempt: _Attempt, snapshot: Snapshot, claimed: float, *, initiator: bool) -> Outcome:
+    def _stated_fresh(self, snapshot: Snapshot) -> float | None:
+        """The fresh work this side states in its Offer or Accept: only for a rule that uses it."""
+        if not self.trainer.rule.uses_fresh_work:
+            return None
+        return min(snapshot.fresh, snapshot.weight)  # never above the stated weight, even by rounding
+
+    async def _merge(self, conv: Conversation, attempt: _Attempt, snapshot: Snapshot, claimed: _Claimed, *, initiator: bool) -> Outcome:
         """Swap models, vet the partner's, commit (responder first) and apply the rule's merge."""
         try:
             remote = await self._swap(conv, snapshot.state)
@@ -250,15 +270,18 @@ class Averager:
             self.table.forget(peer_id)
             await self.transport.hang_up(peer_id)
 
-    async def _vet(self, peer_id: str, snapshot: Snapshot, remote: WireState, claimed: float) -> tuple[MixDecision | None, str]:
+    async def _vet(self, peer_id: str, snapshot: Snapshot, remote: WireState, claimed: _Claimed) -> tuple[MixDecision | None, str]:
         """Credit the partner's work claim, let the rule decide, and screen the partner's model.
 
-        Returns the decision (its share clipped by screening), or None to reject, and the verdict.
+        The partner's fresh work, if both sides stated it, is credited at most its credited
+        weight (the claim's cap applies to it too). Returns the decision (its share clipped by
+        screening), or None to reject, and the verdict.
         """
-        claim = self.claims.credit(peer_id, claimed, snapshot.weight, self.local_rate(), self.runtime.wall())
+        claim = self.claims.credit(peer_id, claimed.work, snapshot.weight, self.local_rate(), self.runtime.wall())
         if claim.offence:
             await self._offence(peer_id, claim.reason)
-        decision = self.trainer.rule.decide(snapshot.weight, claim.weight)
+        fresh = None if claimed.fresh is None else (min(snapshot.fresh, snapshot.weight), min(claimed.fresh, claim.weight))
+        decision = self.trainer.rule.decide(snapshot.weight, claim.weight, fresh)
         if not decision.screen:
             return decision, claim.reason
         screening = await self.runtime.run_sync(self.screening.screen, snapshot.state, remote)

@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 
 from murmur.node.lab.bench_config import METHODS, MIXES, MURMUR_ARGS, TASKS
-from murmur.node.lab.bench_plots import run_labels, plot
+from murmur.node.lab.bench_plots import plot, run_labels
 
 
 def _at_samples(result: dict, metric: str, samples: float) -> float | None:

@@ -13,7 +13,8 @@ batches at once. Every method is scored at the same total sample counts.
 Variants (comma-separated; `*LR` multiplies the task's learning rate, e.g. `average*2`):
   sync                  one model, each step on all peers' batches together (sync-equal)
   average               pairwise work-weighted averaging (`--merge average`)
-  outer:LR:MU           pairwise outer Nesterov steps (`--merge outer --outer-lr LR --outer-momentum MU`)
+  outer:LR:MU[:K]       pairwise outer Nesterov steps (`--merge outer --outer-lr LR --outer-momentum MU`);
+                        K is the staleness discount κ (default: the rule's; 0 = shares from cumulative work only)
   diloco:H:LR:MU        every rank takes H local steps, then all average their pseudo-gradients and take
                         one outer Nesterov step (synchronous DiLoCo; per sample, speeds do not matter)
   ...+adam-avg          the pair also averages Adam's moments (`+adam-avg1`: only the first, exp_avg);
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from murmur.node.learn.rules import make_rule
+from murmur.node.learn.rules import DISCOUNT, make_rule
 from murmur.node.learn.step import scale_learning_rate, train_step
 from murmur.node.learn.tasks import Task
 from murmur.node.learn.trainer import Trainer
@@ -45,6 +46,7 @@ class Variant:
     local_steps: int = 0  # diloco's H
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
+    outer_discount: float = DISCOUNT
     adam: str = "keep"  # what a merge does to Adam's moments: keep, avg, avg1 (exp_avg only) or reset
 
     @classmethod
@@ -55,7 +57,7 @@ class Variant:
         merge, *hyper = body.split(":")
         if merge not in ("sync", "average", "outer", "diloco") or (hyper and merge in ("sync", "average")) or adam not in ("", "keep", "avg", "avg1", "reset"):
             raise ValueError(f"unknown variant {text!r}; see the module docstring")
-        names = ("local_steps", "outer_lr", "outer_momentum") if merge == "diloco" else ("outer_lr", "outer_momentum")
+        names = ("local_steps", "outer_lr", "outer_momentum") if merge == "diloco" else ("outer_lr", "outer_momentum", "outer_discount")
         outer = {k: (int if k == "local_steps" else float)(v) for k, v in zip(names, hyper)}
         return cls(text, merge, float(scale or 1.0), adam=adam or "keep", **outer)
 
@@ -126,7 +128,7 @@ def _merge(a: Trainer, b: Trainer, adam: str) -> None:
     """Both sides of one exchange, as two averagers would apply it (no screening: honest peers)."""
     snap_a, snap_b = a.snapshot(), b.snapshot()
     for trainer, local, remote in ((a, snap_a, snap_b), (b, snap_b, snap_a)):
-        decision = trainer.rule.decide(local.weight, remote.weight)
+        decision = trainer.rule.decide(local.weight, remote.weight, (local.fresh, remote.fresh))
         trainer.merge(local, remote.state, decision.remote_share, decision.weight_after)
         if adam == "reset":
             trainer.optimizer.state.clear()
@@ -140,7 +142,10 @@ def run_gossip(
     rng = random.Random(seed)
     trainers = []
     for i in range(len(slowdowns)):
-        rule = make_rule("work", variant.merge, outer_lr=variant.outer_lr, outer_momentum=variant.outer_momentum)
+        rule = make_rule(
+            "work", variant.merge, outer_lr=variant.outer_lr, outer_momentum=variant.outer_momentum,
+            outer_discount=variant.outer_discount,
+        )
         if variant.adam in ("avg", "avg1"):  # what `optimizer_state` travels with the model
             rule.optimizer_state = ("exp_avg", "exp_avg_sq") if variant.adam == "avg" else ("exp_avg",)
         trainer = Trainer(task, shard=1000 * seed + i, rule=rule)

@@ -35,11 +35,13 @@ from murmur.protocol.codec import TensorSpec, WireState, pieces, quantize
 class Snapshot:
     """A CPU copy of the model's exchanged tensors in a wire dtype, and the work weight they carry.
 
-    `state[name]` reads a tensor as CPU float32 (see `WireState`).
+    `state[name]` reads a tensor as CPU float32 (see `WireState`). `fresh` is the part of
+    `weight` this peer trained itself since its model last merged (or was adopted).
     """
 
     state: WireState
     weight: float
+    fresh: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ class Trainer:
         self._eval_model: torch.nn.Module | None = None
         self.samples = 0  # samples this peer processed itself
         self.weight = 0.0  # work weight of the current model (shared through merges)
+        self.fresh = 0.0  # samples trained since the model last merged: the merge rule's staleness measure
         self.last_loss = math.nan
 
     @property
@@ -107,6 +110,7 @@ class Trainer:
             n = len(batch[0])
             self.samples += n
             self.weight += n
+            self.fresh += n
             self.last_loss = loss.item()  # also waits for the GPU, so the time below is the step's real compute
             return time.perf_counter() - start
 
@@ -117,11 +121,11 @@ class Trainer:
         compare like with like whatever this model's device or dtype.
         """
         with self._lock:
-            return Snapshot(quantize(self.exchanged, self.spec, wire_dtype), self.weight)
+            return Snapshot(quantize(self.exchanged, self.spec, wire_dtype), self.weight, self.fresh)
 
     def merge(self, snapshot: Snapshot, remote: Mapping[str, torch.Tensor], share: float, weight_after: float) -> None:
         """Apply a committed merge: add the rule's delta to the live tensors, piece by piece,
-        and move the weight by the merge's change (steps taken since `snapshot` are kept)."""
+        and move the weight by the merge's change (steps taken since `snapshot` are kept, and stay fresh)."""
         with self._lock, torch.no_grad():
             delta = self.rule.delta(snapshot.state, remote, share)
             for name in delta:
@@ -129,6 +133,7 @@ class Trainer:
                     for elements, change in delta.pieces(name):
                         flat[elements].add_(change.to(flat.device, flat.dtype))
             self.weight += weight_after - snapshot.weight
+            self.fresh -= snapshot.fresh
 
     def adopt(self, state: Mapping[str, torch.Tensor], weight: float) -> None:
         """Replace the exchanged tensors with `state` (state sync; any device, float dtype).
@@ -141,6 +146,7 @@ class Trainer:
                     for elements, piece in pieces(state, name):
                         flat[elements].copy_(piece.to(flat.device, flat.dtype))
             self.weight = weight
+            self.fresh = 0.0
             self.rule.reset(self.exchanged)
 
     def checkpoint_state(self) -> dict:
@@ -155,6 +161,7 @@ class Trainer:
                 "optimizer": cpu_copy(self.optimizer.state_dict()),
                 "weight": self.weight,
                 "samples": self.samples,
+                "fresh": self.fresh,
                 "merge_rule": {"name": self.rule.name, "state": self.rule.state_dict()},
             }
 
@@ -174,8 +181,10 @@ class Trainer:
             self.exchanged = ExchangedTensors(self.model, self.optimizer, self.rule.optimizer_state)
             if rule is not None and rule["name"] == self.rule.name:
                 self.rule.load_state_dict(rule["state"])
+                self.fresh = float(state.get("fresh", 0.0))  # older checkpoints: as if just merged
             else:
                 self.rule.reset(self.exchanged)
+                self.fresh = 0.0
             self.weight = float(state["weight"])
             self.samples = int(state["samples"])
 

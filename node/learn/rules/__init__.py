@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from murmur.node.learn.rules.outer import OuterRule
-from murmur.node.learn.rules.rule import MergeDelta, MergeRule, MixDecision, newcomer_decision
+from murmur.node.learn.rules.outer import DISCOUNT, OuterRule
+from murmur.node.learn.rules.rule import Fresh, MergeDelta, MergeRule, MixDecision, newcomer_decision
 from murmur.node.learn.rules.uniform import UniformRule
 from murmur.node.learn.rules.work import WorkRule
 from murmur.node.learn.tensors import ALL_OPTIMIZER_STATE
@@ -18,12 +18,13 @@ OPTIMIZER_STATE = ("keep", "average")
 
 def make_rule(
     weighting: str = "work", merge: str = "average", *, outer_lr: float = 0.7, outer_momentum: float = 0.9,
-    optimizer_state: str = "keep",
+    optimizer_state: str = "keep", outer_discount: float = DISCOUNT,
 ) -> MergeRule:
     """A fresh rule: `weighting` averaging, or (`merge="outer"`) outer steps toward the pair's `weighting` mean.
 
     `optimizer_state="average"` makes the inner optimizer's per-parameter state (Adam's moments,
     SGD's momentum) travel and merge with the model; `"keep"` leaves each peer its own.
+    `outer_discount` is the outer rule's staleness discount κ (see `murmur.node.learn.rules.outer`).
     Raises `ValueError` naming the choices for an unknown name, or for outer hyperparameters out of range.
     """
     if optimizer_state not in OPTIMIZER_STATE:
@@ -33,13 +34,13 @@ def make_rule(
     if merge not in MERGES:
         raise ValueError(f"unknown merge {merge!r}; choose from {list(MERGES)}")
     averaging = RULES[weighting]()
-    rule = averaging if merge == "average" else OuterRule(outer_lr, outer_momentum, weighting=averaging)
+    rule = averaging if merge == "average" else OuterRule(outer_lr, outer_momentum, weighting=averaging, discount=outer_discount)
     if optimizer_state == "average":
         rule.optimizer_state = ALL_OPTIMIZER_STATE
     return rule
 
 
 __all__ = [
-    "MERGES", "OPTIMIZER_STATE", "RULES", "MergeDelta", "MergeRule", "MixDecision", "OuterRule", "UniformRule", "WorkRule",
+    "DISCOUNT", "MERGES", "OPTIMIZER_STATE", "RULES", "Fresh", "MergeDelta", "MergeRule", "MixDecision", "OuterRule", "UniformRule", "WorkRule",
     "make_rule", "newcomer_decision",
 ]  # fmt: skip

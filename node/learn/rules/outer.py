@@ -6,7 +6,27 @@ merge the target is the pair's weighted mean model θ̄ (what its weighting rule
 by default, would merge to); the pseudo-gradient g = anchor − θ̄ holds the local
 training since the anchor plus the pull toward the partner. Then m ← μ·m + g and the
 new model is anchor − lr·(g + μ·m) (Nesterov), which becomes the next anchor. With
-lr 1 and μ 0 it is exactly that weighting's averaging.
+lr 1 and μ 0 it is exactly averaging with the decision's share. Optimizer state that
+travels with the model (`--optimizer-state average`) is averaged with that share, never
+stepped: an outer step past the pair's mean could make Adam's second moment negative.
+
+Staleness. Peers of different speeds merge at about the same wall-clock cadence, so
+between merges a slow peer's model gains fewer samples since its anchor: its fresh
+pseudo-gradient (θ − anchor) is the stale, lesser contribution. Cumulative weights grow
+without bound and each merge gives both sides their mean, so their ratio tends to 1 and
+stops telling the two apart. With `discount` κ, the partner's share is
+
+    s = (1 − κ)·p + κ·q,   p = the weighting's share (`work`: w_r / (w_l + w_r)),
+                           q = f_r / (f_l + f_r)   (q = p when f_l + f_r = 0)
+
+where f is each side's work since its anchor, stated in the exchange. One share moves
+the whole model, anchor and fresh delta together (a model travels as one tensor), so κ
+trades the anchors' right share (p) against the fresh deltas' (q, which is how
+synchronous speed-proportional batches weight gradients). s + s' = 1 for the two sides,
+so both reach the same target; each keeps the pair's mean weight, so Σ work is
+conserved. With lr 1 and μ 0 the merge is today's `work` averaging exactly when κ = 0,
+when a side did not state its fresh work, or when f_r / (f_l + f_r) = w_r / (w_l + w_r)
+(e.g. a pair's first merge from the shared initial model, where w = f).
 """
 
 from __future__ import annotations
@@ -16,8 +36,14 @@ from typing import Any
 
 import torch
 
-from murmur.node.learn.rules.rule import MergeDelta, MergeRule, MixDecision
+from murmur.node.learn.rules.rule import Fresh, MergeDelta, MergeRule, MixDecision
 from murmur.node.learn.rules.work import WorkRule
+from murmur.node.learn.tensors import OPTIMIZER_PREFIX
+
+# κ: how much of the share follows the fresh work (see the module docstring). The event-time lab
+# (charlm, 4 peers at speeds 1,1,2,4, periods 10/25/50) measured κ = 1 at or below κ = 0.5 and 0
+# in final loss, the gain growing with the period: docs/stale-README-section.md.
+DISCOUNT = 1.0
 
 
 class _Delta(dict[str, torch.Tensor]):
@@ -29,18 +55,32 @@ class _Delta(dict[str, torch.Tensor]):
 
 class OuterRule(MergeRule):
     name = "outer"
+    uses_fresh_work = True
 
-    def __init__(self, lr: float = 0.7, momentum: float = 0.9, weighting: MergeRule | None = None) -> None:
+    def __init__(
+        self, lr: float = 0.7, momentum: float = 0.9, weighting: MergeRule | None = None, discount: float = DISCOUNT
+    ) -> None:
+        """Raises `ValueError` for lr outside (0, 2], momentum outside [0, 1) or `discount` outside [0, 1]."""
         if not 0 < lr <= 2 or not 0 <= momentum < 1:
             raise ValueError(f"outer lr must be in (0, 2] and momentum in [0, 1), got {lr} and {momentum}")
-        self.lr, self.momentum = lr, momentum
+        if not 0 <= discount <= 1:
+            raise ValueError(f"staleness discount must be in [0, 1], got {discount}")
+        self.lr, self.momentum, self.discount = lr, momentum, discount
         self._weighting = weighting if weighting is not None else WorkRule()
         self.anchor: dict[str, torch.Tensor] = {}
         self.velocity: dict[str, torch.Tensor] = {}
 
-    def mix(self, local_weight: float, remote_weight: float) -> MixDecision:
+    def mix(self, local_weight: float, remote_weight: float, fresh: Fresh | None = None) -> MixDecision:
         decision = self._weighting.mix(local_weight, remote_weight)
-        return MixDecision(decision.remote_share, decision.weight_after, f"outer step toward the {decision.reason}")
+        reason = f"outer step toward the {decision.reason}"
+        if fresh is None or self.discount == 0:
+            return MixDecision(decision.remote_share, decision.weight_after, reason)
+        local_fresh, remote_fresh = fresh
+        total = local_fresh + remote_fresh
+        fresh_share = remote_fresh / total if total > 0 else decision.remote_share
+        share = (1 - self.discount) * decision.remote_share + self.discount * fresh_share
+        reason += f"; partner did {fresh_share:.0%} of the fresh work: share {share:.0%}"
+        return MixDecision(share, decision.weight_after, reason)
 
     def delta(self, snapshot: Mapping[str, torch.Tensor], remote: Mapping[str, torch.Tensor], share: float) -> _Delta:
         averaging = MergeDelta(snapshot, remote, share)  # where plain averaging would move the model
@@ -48,6 +88,12 @@ class OuterRule(MergeRule):
         for name in snapshot:
             local = snapshot[name]
             target = local + averaging[name]
+            if name.startswith(OPTIMIZER_PREFIX):
+                # Optimizer state that travels (Adam's moments) moves to the pair's mean, no outer step:
+                # extrapolating past it can drive exp_avg_sq negative, and Adam then steps NaN.
+                delta[name] = target - local
+                self.anchor[name] = target
+                continue
             gradient = self.anchor[name] - target
             velocity = self.velocity[name].mul_(self.momentum).add_(gradient)
             moved = self.anchor[name] - self.lr * (gradient + self.momentum * velocity)
@@ -62,14 +108,17 @@ class OuterRule(MergeRule):
     def state_dict(self) -> dict[str, Any]:
         # Copies: a checkpoint is written outside the trainer's lock while merges go on.
         return {
-            "lr": self.lr, "momentum": self.momentum,
+            "lr": self.lr, "momentum": self.momentum, "discount": self.discount,
             "anchor": {n: t.clone() for n, t in self.anchor.items()},
             "velocity": {n: t.clone() for n, t in self.velocity.items()},
         }  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if set(state) != {"lr", "momentum", "anchor", "velocity"} or set(state["anchor"]) != set(state["velocity"]):
+        # "discount" is absent from checkpoints written before the staleness rule: those keep this rule's.
+        keys = {"lr", "momentum", "anchor", "velocity"}
+        if not keys <= set(state) <= keys | {"discount"} or set(state["anchor"]) != set(state["velocity"]):
             raise ValueError(f"not an outer rule's state: keys {sorted(state)}")
         self.lr, self.momentum = float(state["lr"]), float(state["momentum"])
+        self.discount = float(state.get("discount", self.discount))
         self.anchor = {n: t.to(torch.float32) for n, t in state["anchor"].items()}
         self.velocity = {n: t.to(torch.float32) for n, t in state["velocity"].items()}

@@ -6,6 +6,11 @@ merges (`state_dict`, `load_state_dict`, `reset`), which the trainer checkpoints
 the model. Both sides of an exchange evaluate the same symmetric decision, so they
 arrive at the same merged parameters. Each side keeps the pair's mean weight, which
 conserves Σ weight across the pair.
+
+Besides the cumulative (credited) work weights, a decision may see each side's *fresh*
+work: the samples trained since that side's model last merged (its anchor). Rules that
+do not use it ignore it; a side that did not state it (`None`) leaves the rule to its
+weights alone.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ from typing import Any, ClassVar
 import torch
 
 from murmur.protocol.codec import pieces
+
+# Work since each side's anchor, (local, remote): the samples its model gained since it last merged.
+Fresh = tuple[float, float]
 
 
 @dataclass(frozen=True)
@@ -80,18 +88,21 @@ class MergeRule(abc.ABC):
     name: ClassVar[str]
     # Optimizer state (per-parameter keys, e.g. "exp_avg") that travels with the model for this rule.
     optimizer_state: ClassVar[tuple[str, ...]] = ()
+    # Whether `mix` uses the sides' fresh work, so that exchanges state it.
+    uses_fresh_work: ClassVar[bool] = False
 
-    def decide(self, local_weight: float, remote_weight: float) -> MixDecision:
-        """The merge of a local model and a partner's, given their (credited) work weights.
+    def decide(self, local_weight: float, remote_weight: float, fresh: Fresh | None = None) -> MixDecision:
+        """The merge of a local model and a partner's, given their (credited) work weights and,
+        if both sides stated it, their fresh work (local, remote) since their anchors.
 
         A newcomer (no work) adopts its partner's model, whatever the rule.
         """
-        decision = newcomer_decision(local_weight, remote_weight) or self.mix(local_weight, remote_weight)
+        decision = newcomer_decision(local_weight, remote_weight) or self.mix(local_weight, remote_weight, fresh)
         return replace(decision, screen=False) if local_weight == 0 else decision
 
     @abc.abstractmethod
-    def mix(self, local_weight: float, remote_weight: float) -> MixDecision:
-        """The rule's own decision for two peers that both have work."""
+    def mix(self, local_weight: float, remote_weight: float, fresh: Fresh | None = None) -> MixDecision:
+        """The rule's own decision for two peers that both have work (`fresh` as in `decide`)."""
 
     def delta(self, snapshot: Mapping[str, torch.Tensor], remote: Mapping[str, torch.Tensor], share: float) -> MergeDelta:
         """The change to add to the live model, given the exchanged `snapshot`, the partner's

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from murmur.node.learn.rules.rule import MergeRule, MixDecision
+from murmur.node.learn.rules.rule import Fresh, MergeRule, MixDecision
 
 
 class UniformRule(MergeRule):
@@ -10,5 +10,5 @@ class UniformRule(MergeRule):
 
     name = "uniform"
 
-    def mix(self, local_weight: float, remote_weight: float) -> MixDecision:
+    def mix(self, local_weight: float, remote_weight: float, fresh: Fresh | None = None) -> MixDecision:
         return MixDecision(0.5, (local_weight + remote_weight) / 2, "uniform: equal shares")

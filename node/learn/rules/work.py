@@ -5,13 +5,13 @@ Both sides keep the pair's mean weight, which conserves Σ weight × parameters 
 
 from __future__ import annotations
 
-from murmur.node.learn.rules.rule import MergeRule, MixDecision
+from murmur.node.learn.rules.rule import Fresh, MergeRule, MixDecision
 
 
 class WorkRule(MergeRule):
     name = "work"
 
-    def mix(self, local_weight: float, remote_weight: float) -> MixDecision:
+    def mix(self, local_weight: float, remote_weight: float, fresh: Fresh | None = None) -> MixDecision:
         total = local_weight + remote_weight
         if total == 0:
             return MixDecision(0.5, 0.0, "work: neither side has work, equal shares")
