@@ -64,7 +64,7 @@ from murmur.node.lab.bench_config import (
     SWEEP_SCALES,
     TASKS,
 )
-from murmur.node.lab.bench_report import report, rescore, score
+from murmur.node.lab.bench_report import base_lr, report, rescore, score
 from murmur.node.lab.links import (
     LinkSpecError,
     LinksUnavailable,
@@ -260,6 +260,7 @@ def run_method(
             result = run_sync(task, slowdowns, mode, max_s, spec["step_time"], spec["target"], spec.get("eval_every", 1.0),
                               seed=seed, lr_scale=scale, local_steps=spec["local_steps"], links=links, work_dir=root)
     result["lr_scale"] = scale
+    result["lr"] = base_lr(task) * scale  # as trained: a later change to the task's rate leaves the record right
     result["link_mbit"] = link_mbit
     return result
 

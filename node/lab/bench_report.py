@@ -47,7 +47,8 @@ def report(run: dict, out: Path) -> dict:
     if run["config"].get("sweep"):  # its verdict is what the default run should use
         run["chosen_lr_scale"] = chosen = choose_lr(run["results"])
         summary += "\nBest learning rate (median time to target, then metric at equal samples): " + "; ".join(
-            f"{task} {method} {base_lr(task) * scale:.3g} (×{scale:g})" for task, picks in chosen.items() for method, scale in picks.items()
+            f"{task} {method} {run_lr(next(r for r in run['results'] if (r['task'], r['method'], r['lr_scale']) == (task, method, scale))):.3g} "
+            f"(×{scale:g})" for task, picks in chosen.items() for method, scale in picks.items()
         ) + ".\n"
         (out / "results.json").write_text(json.dumps(run, indent=1))
     (out / "summary.md").write_text(summary)
@@ -84,6 +85,11 @@ def base_lr(task: str) -> float:
     return spec.make_optimizer(spec.build_model()).param_groups[0]["lr"]
 
 
+def run_lr(result: dict) -> float:
+    """The learning rate a run trained with: recorded since runs store it, else the task's current one × its scale."""
+    return result["lr"] if "lr" in result else base_lr(result["task"]) * result["lr_scale"]
+
+
 def _links_line(results: list[dict]) -> list[str]:
     """The line naming the link caps of runs over slow links (none on loopback)."""
     caps = list(dict.fromkeys(tuple(r["link_mbit"]) for r in results if r.get("link_mbit")))
@@ -98,7 +104,6 @@ def summarize(results: list[dict]) -> str:
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     keys = sorted({(r["task"], r["mix"]) for r in results}, key=lambda k: (k[0], list(MIXES).index(k[1])))
     for task, mix in keys:
-        lr = base_lr(task)
         for label in run_labels(results):
             rs = [r for r in results if (r["task"], r["mix"], r.get("label", r["method"])) == (task, mix, label)]
             if not rs:
@@ -114,7 +119,7 @@ def summarize(results: list[dict]) -> str:
                 f"| {task} | {mix} | {label} | {_med([r.get('time_to_target') for r in rs]) if label != 'ideal' else '—'} | {_med(ratios)} | "
                 f"{_med([r['samples_per_s'] for r in rs])} | {_med([r['pct_of_ideal'] for r in rs])} | "
                 f"{_med([max(p['idle_fraction'] for p in r['peers']) for r in rs])} | {_med([r.get('metric_at_equal_samples') for r in rs], 3)} | "
-                f"{f'{lr * scale:.3g} (×{scale:g})' if scale and label != 'ideal' else '—'} |"
+                f"{f'{run_lr(rs[0]):.3g} (×{scale:g})' if scale and label != 'ideal' else '—'} |"
             )
     return "\n".join(lines) + "\n"
 
