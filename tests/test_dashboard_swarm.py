@@ -56,7 +56,7 @@ def test_dashboard_of_a_live_swarm_in_headless_chromium(tmp_path: Path) -> None:
     # Steps padded to 20 ms (sleeping): a realistic pace that leaves the shared cores to the browser.
     extra = ["--task", "digits", "--metrics-port", "0", "--duration", "120", "--step-time", "20",
              "--average-every", "0.3", "--eval-every", "0.5", "--log-level", "WARNING"]  # fmt: skip
-    peers = start_swarm(tmp_path, [1, 1, 2], extra)
+    peers = start_swarm(tmp_path, [1, 1, 2], extra, fork=True)  # ready in a second, not several
     try:
         url = _wait_for("peer 0's dashboard URL", lambda: _dashboard_url(peers[0]))
         assert url.startswith("http://127.0.0.1:")

@@ -67,3 +67,49 @@ async def _read_or_eof(stream) -> bytes:
         return await stream.read()
     except StreamEOF:
         return b""
+
+
+async def test_a_write_cancelled_on_its_way_to_the_socket_still_goes_out_whole() -> None:
+    # py-libp2p encrypts a Noise message before it awaits the socket; a write cancelled in
+    # between lost that message and its nonce, so the peer failed to decrypt the next one
+    # and dropped the connection (the live fuzz test's flake, under CPU load).
+    from murmur.node.net.transport import ByteStream
+
+    a, b = Libp2pTransport(create_new_key_pair()), Libp2pTransport(create_new_key_pair())
+    received: list[bytes] = []
+
+    async def collect(stream: ByteStream) -> None:
+        while chunk := await stream.receive_some():
+            received.append(chunk)
+
+    b.set_handler("/test/collect", collect)
+    async with a.run(["/ip4/127.0.0.1/tcp/0"]), b.run(["/ip4/127.0.0.1/tcp/0"]):
+        with anyio.fail_after(20):
+            stream = await a.open_stream(b.peer_id, b.addresses(), "/test/collect")
+            await stream.send_all(b"first ")
+            # Slow the socket write that follows encryption, and cancel the write meanwhile.
+            noise = stream._stream.muxed_conn.secured_conn.conn  # type: ignore[attr-defined]
+            to_socket = noise.read_writer.write_msg
+
+            async def slow_socket(msg: bytes) -> None:
+                await anyio.sleep(0.2)
+                await to_socket(msg)
+
+            noise.read_writer.write_msg = slow_socket
+            with anyio.move_on_after(0.05) as cancelled:
+                await stream.send_all(b"second ")
+            noise.read_writer.write_msg = to_socket
+            await stream.send_all(b"third")
+            await stream.close()
+            while b"".join(received) != b"first second third":
+                assert ID.from_base58(a.peer_id) in b.host.get_connected_peers(), b"".join(received)
+                await anyio.sleep(0.02)
+        assert cancelled.cancel_called
+        # The same connection still carries new streams both ways.
+        with anyio.fail_after(20):
+            again = await a.open_stream(b.peer_id, b.addresses(), "/test/collect")
+            await again.send_all(b"!")
+            await again.close()
+            while b"".join(received) != b"first second third!":
+                await anyio.sleep(0.02)
+        assert len(a.host.get_network().get_connections(ID.from_base58(b.peer_id))) == 1

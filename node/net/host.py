@@ -9,13 +9,55 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import multiaddr
+import trio
 from libp2p import new_host
+from libp2p.abc import IRawConnection, ISecureConn
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
 from libp2p.host.basic_host import BasicHost
 from libp2p.network.config import ConnectionConfig
+from libp2p.network.connection.exceptions import RawConnError
+from libp2p.peer.id import ID
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
+
+# A write still unfinished after this long means the peer stopped reading: the connection is dropped.
+WRITE_TIMEOUT = 10.0
+
+
+class WholeMessageNoise(NoiseTransport):
+    """Noise whose sessions write each message whole, even when the writing task is cancelled.
+
+    py-libp2p 0.8.1 encrypts (using up a nonce) before it awaits the socket. A
+    cancellation in between, say an exchange timeout, or a read under `move_on_after`
+    that was sending a yamux window update, drops that ciphertext: the peer's next
+    decryption fails and it closes the connection, killing every stream on it. Here a
+    started write is shielded and finishes; the cancellation lands just after it. A
+    write stuck for `WRITE_TIMEOUT` (the peer stopped reading) closes the connection
+    and raises `RawConnError`, so nothing hangs behind the shield.
+    """
+
+    async def secure_inbound(self, conn: IRawConnection) -> ISecureConn:
+        return _write_whole(await super().secure_inbound(conn))
+
+    async def secure_outbound(self, conn: IRawConnection, peer_id: ID) -> ISecureConn:
+        return _write_whole(await super().secure_outbound(conn, peer_id))
+
+
+def _write_whole(session: ISecureConn) -> ISecureConn:
+    write = session.write
+
+    async def write_whole(data: bytes) -> None:
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(WRITE_TIMEOUT):
+                await write(data)
+                return
+            with trio.move_on_after(1.0):  # a half-written message spoils the rest: hang up
+                await session.close()
+        raise RawConnError(f"write to {session.get_remote_peer()} stalled for {WRITE_TIMEOUT:g}s; connection closed")
+
+    session.write = write_whole  # type: ignore[method-assign]
+    return session
 
 
 def build_host(
@@ -28,8 +70,9 @@ def build_host(
 
     At most `max_connections` connections in all, and 3 per peer. `addrs_factory`, if
     given, maps the listen addresses to the ones identify advertises (announced addresses).
+    Its Noise sessions finish every write they start (`WholeMessageNoise`).
     """
-    noise = NoiseTransport(key_pair, noise_privkey=create_x25519_key_pair().private_key)
+    noise = WholeMessageNoise(key_pair, noise_privkey=create_x25519_key_pair().private_key)
     # Murmur chooses whom to dial itself: no auto-connecting to reach watermarks.
     limits = ConnectionConfig(
         max_connections=max_connections, max_connections_per_peer=3,
