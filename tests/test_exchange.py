@@ -114,9 +114,10 @@ def test_average_exchange_completes_on_both_sides() -> None:
     assert sides[I].state == sides[R].state == DONE
 
 
-def test_average_exchange_fed_one_byte_at_a_time() -> None:
+def _feed_one_byte_at_a_time(script: list) -> dict:
+    """Play `script` between a fresh pair, handing each frame over a byte at a time; return the sides."""
     sides = _pair(AVERAGE)
-    for sender, message in AVERAGE_SCRIPT:
+    for sender, message in script:
         data = sides[sender].send(message)
         receiver = sides[_other(sender)]
         for i in range(len(data) - 1):
@@ -124,19 +125,16 @@ def test_average_exchange_fed_one_byte_at_a_time() -> None:
             assert receiver.next_event() is NEED_DATA
         receiver.receive_data(data[-1:])
         assert receiver.next_event() == message
+    return sides
+
+
+def test_average_exchange_fed_one_byte_at_a_time() -> None:
+    sides = _feed_one_byte_at_a_time(AVERAGE_SCRIPT)
     assert sides[I].state == sides[R].state == DONE
 
 
 def test_fresh_work_in_offer_and_accept_fed_one_byte_at_a_time() -> None:
-    sides = _pair(AVERAGE)
-    for sender, message in [(I, Offer("run", "fp", 10.0, "bfloat16", 4.0)), (R, Accept(5.0, 5.0))]:
-        data = sides[sender].send(message)
-        receiver = sides[_other(sender)]
-        for i in range(len(data) - 1):
-            receiver.receive_data(data[i : i + 1])
-            assert receiver.next_event() is NEED_DATA
-        receiver.receive_data(data[-1:])
-        assert receiver.next_event() == message
+    sides = _feed_one_byte_at_a_time([(I, Offer("run", "fp", 10.0, "bfloat16", 4.0)), (R, Accept(5.0, 5.0))])
     assert sides[I].state == sides[R].state == "accepted"
 
 
