@@ -272,12 +272,15 @@ def run_bench(config: dict, out: Path) -> dict:
     when this machine cannot build them, `LinkSpecError` when the caps do not fit a mix.
     """
     if config.get("link_mbit"):
+        for task in config["tasks"]:  # a wrong spec is an error with or without namespaces
+            for mix in config["mixes"][task]:
+                try:
+                    caps_for(config["link_mbit"], len(MIXES[mix]))
+                except LinkSpecError as e:
+                    raise LinkSpecError(f"{e} (mix {mix!r})") from None
         reason = links_unavailable_reason()
         if reason is not None:
             raise LinksUnavailable(reason)
-        for task in config["tasks"]:
-            for mix in config["mixes"][task]:
-                caps_for(config["link_mbit"], len(MIXES[mix]))
     out.mkdir(parents=True, exist_ok=True)
     if not config.get("link_mbit"):  # over links every peer and rank starts as its own program instead
         # One fork server, started now with everything both kinds of run import: Murmur peers
@@ -386,15 +389,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(e))
     if args.seeds:
         config["seeds"] = list(range(args.seeds))
-    if args.link_mbit:
-        for t in config["tasks"]:
-            for mix in config["mixes"][t]:
-                try:
-                    caps_for(args.link_mbit, len(MIXES[mix]))
-                except LinkSpecError as e:
-                    parser.error(f"{e} (mix {mix!r})")
     try:
         run_bench(config, args.out)
+    except LinkSpecError as e:
+        parser.error(str(e))
     except LinksUnavailable as e:
         print(f"murmur bench: skipped, slow links need network namespaces: {e}", file=sys.stderr)
         return 1

@@ -15,7 +15,8 @@ def run_labels(results: list[dict]) -> list[str]:
     return labels + ["ideal"]
 
 
-def _runs(results: list[dict], task: str, mix: str, label: str) -> list[dict]:
+def runs_of(results: list[dict], task: str, mix: str, label: str) -> list[dict]:
+    """The runs (one per seed) of `label` on `task` and `mix`."""
     return [r for r in results if (r["task"], r["mix"], r.get("label", r["method"])) == (task, mix, label)]
 
 
@@ -35,7 +36,7 @@ def plot(results: list[dict], out: Path) -> None:
             fig, axes = plt.subplots(1, len(mixes), figsize=(5 * len(mixes), 4), squeeze=False)
             for ax, mix in zip(axes[0], mixes):
                 for j, label in enumerate(labels):
-                    for i, r in enumerate(_runs(results, task, mix, label)):
+                    for i, r in enumerate(runs_of(results, task, mix, label)):
                         ax.plot([c[x] for c in r["curve"]], [c[metric] for c in r["curve"]], color=f"C{j % 10}",
                                 ls="--" if r["method"].startswith(("sync", "diloco")) else "-", alpha=0.7,
                                 label=label if i == 0 else None)
@@ -50,7 +51,7 @@ def plot(results: list[dict], out: Path) -> None:
         fig, axes = plt.subplots(1, len(mixes), figsize=(5 * len(mixes), 4), squeeze=False)
         for ax, mix in zip(axes[0], mixes):
             for j, label in enumerate(labels):
-                for i, r in enumerate(r for r in _runs(results, task, mix, label) if r.get("consensus")):
+                for i, r in enumerate(r for r in runs_of(results, task, mix, label) if r.get("consensus")):
                     ax.plot([c["t"] for c in r["consensus"]], [c["distance"] for c in r["consensus"]], color=f"C{j % 10}",
                             alpha=0.7, label=label if i == 0 else None)
             ax.set_yscale("log")
@@ -65,7 +66,7 @@ def plot(results: list[dict], out: Path) -> None:
         fig, ax = plt.subplots(figsize=(6, 4))
         width = 0.8 / max(1, len(labels))
         for j, label in enumerate(labels):
-            ys = [statistics.median([r["pct_of_ideal"] for r in _runs(results, task, m, label)] or [0]) for m in mixes]
+            ys = [statistics.median([r["pct_of_ideal"] for r in runs_of(results, task, m, label)] or [0]) for m in mixes]
             ax.bar([i + width * j for i in range(len(mixes))], ys, width=width, label=label)
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(mixes))], mixes)
         ax.set_ylabel("throughput, fraction of ideal")

@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 
 from murmur.node.lab.bench_config import METHODS, MIXES, MURMUR_ARGS, TASKS
-from murmur.node.lab.bench_plots import plot, run_labels
+from murmur.node.lab.bench_plots import plot, run_labels, runs_of
 
 
 def _at_samples(result: dict, metric: str, samples: float) -> float | None:
@@ -105,7 +105,7 @@ def summarize(results: list[dict]) -> str:
     keys = sorted({(r["task"], r["mix"]) for r in results}, key=lambda k: (k[0], list(MIXES).index(k[1])))
     for task, mix in keys:
         for label in run_labels(results):
-            rs = [r for r in results if (r["task"], r["mix"], r.get("label", r["method"])) == (task, mix, label)]
+            rs = runs_of(results, task, mix, label)
             if not rs:
                 continue
             ratios = []
