@@ -280,7 +280,8 @@ class Averager:
         claim = self.claims.credit(peer_id, claimed.work, snapshot.weight, self.local_rate(), self.runtime.wall())
         if claim.offence:
             await self._offence(peer_id, claim.reason)
-        fresh = None if claimed.fresh is None else (min(snapshot.fresh, snapshot.weight), min(claimed.fresh, claim.weight))
+        # A partner states fresh work only back to a side that stated its own (`_stated_fresh`, not None).
+        fresh = None if claimed.fresh is None else (self._stated_fresh(snapshot), min(claimed.fresh, claim.weight))
         decision = self.trainer.rule.decide(snapshot.weight, claim.weight, fresh)
         if not decision.screen:
             return decision, claim.reason
