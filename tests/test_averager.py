@@ -80,7 +80,8 @@ def make_peer(
     trainer = Trainer(DigitsTask(), shard=shard, rule=rule)
     averager = build_averager(
         transport, trainer, run_id=run_id, table=PeerTable(name, liveness_timeout=1e9), bans=bans,
-        rng=random.Random(shard), exchange_timeout=TIMEOUT, wire_dtype=wire_dtype, runtime=Runtime.simulated(),
+        rng=random.Random(shard), exchange_timeout=TIMEOUT, min_link_mbit=math.inf,  # timeouts: exactly TIMEOUT
+        wire_dtype=wire_dtype, runtime=Runtime.simulated(),
     )  # fmt: skip
     return Peer(transport, trainer, averager)
 
@@ -138,6 +139,22 @@ async def test_exchange_merges_both_sides_to_the_work_weighted_mean() -> None:
         assert_state_close(b.state(), expected)
         assert a.trainer.weight == b.trainer.weight == (sa.weight + sb.weight) / 2
         assert a.averager.outcomes["merged"] == b.averager.outcomes["merged"] == 1
+
+
+async def test_a_peer_initiates_only_with_work_since_its_last_merge_and_both_sides_record_the_exchange() -> None:
+    # Peers waiting for a common start would otherwise swap identical models, filling slow links for nothing.
+    async with peers(2) as (a, b):
+        a.know(b)
+        b.know(a)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(a.averager.run, 0.1)
+            await anyio.sleep(5.0)  # simulated: ~50 rounds
+            assert not a.averager.outcomes and not b.averager.outcomes
+            a.steps(1)
+            await anyio.sleep(5.0)
+            tg.cancel_scope.cancel()
+        assert a.averager.outcomes == b.averager.outcomes == {"merged": 1}  # then nothing new again
+        assert a.averager.table.members[b.id].exchanges == b.averager.table.members[a.id].exchanges == 1
 
 
 async def test_exchanges_before_anyone_trained_do_not_stop_later_merges() -> None:

@@ -33,10 +33,13 @@ async def test_what_is_passed_in_is_what_the_averager_uses() -> None:  # simulat
     table, bans, rng, runtime = PeerTable("a", liveness_timeout=5.0), BanList(), random.Random(1), Runtime.simulated()
     averager = build_averager(
         net.transport("a"), Trainer(DigitsTask(), shard=0), run_id="run-7", table=table, bans=bans, rng=rng,
-        exchange_timeout=2.5, wire_dtype="int8", runtime=runtime,
+        exchange_timeout=2.5, min_link_mbit=8.0, wire_dtype="int8", runtime=runtime,
     )  # fmt: skip
     assert (averager.table, averager.bans, averager.rng, averager.runtime) == (table, bans, rng, runtime)
-    assert (averager.identity.run_id, averager.exchange_timeout, averager.wire_dtype) == ("run-7", 2.5, "int8")
+    assert (averager.identity.run_id, averager.wire_dtype) == ("run-7", "int8")
+    # The timeout gives the largest wire form of the model (float32) its transfer time at 8 Mbit/s: 1 s per MB.
+    float32_bytes = averager.trainer.spec.wire_size("float32")
+    assert averager.timeout_s == pytest.approx(2.5 + float32_bytes / 1e6)
 
 
 async def test_it_serves_averaging_and_state_sync_and_refuses_an_unknown_wire_dtype_first() -> None:

@@ -123,6 +123,18 @@ def test_member_exactly_at_the_timeout_is_kept() -> None:
     assert "a" in table.members
 
 
+def test_a_completed_exchange_keeps_a_member_alive_and_measures_its_link_but_never_admits() -> None:
+    table = _table()
+    table.observe("a", _addr("a"), now=0.0)
+    table.record_exchange("a", 4_000_000, 2.0, now=25.0)
+    table.record_exchange("a", 4_000_000, 1.0, now=26.0)
+    assert table.expire(now=50.0) == []
+    entry = table.members["a"]
+    assert entry.exchanges == 2 and entry.exchange_rate == pytest.approx(3e6)  # moving average of 2 and 4 MB/s
+    table.record_exchange("b", 1, 1.0, now=26.0)
+    assert "b" not in table.members
+
+
 def test_refreshed_member_survives_expiry() -> None:
     table = _table()
     table.observe("a", _addr("a"), now=0.0)

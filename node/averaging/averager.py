@@ -93,6 +93,7 @@ class Averager:
         bans: BanList,
         exchange_timeout: float,
         rng: random.Random,
+        min_link_mbit: float = 5.0,
         wire_dtype: str = "float32",
         runtime: Runtime = Runtime(),
     ) -> None:
@@ -103,7 +104,6 @@ class Averager:
         self.screening = screening
         self.claims = claims
         self.bans = bans
-        self.exchange_timeout = exchange_timeout
         self.rng = rng
         self.wire_dtype = check_wire_dtype(wire_dtype)  # what this node proposes when it initiates
         self.runtime = runtime
@@ -114,6 +114,8 @@ class Averager:
         self.typical_exchange_s = 0.0  # moving average of this node's completed exchanges
         self.last_partner_distance: float | None = None  # L2 to the last partner's model we accepted (metrics)
         self._max_params = max(trainer.spec.wire_size(dtype) for dtype in WIRE_DTYPES)
+        # A big model over a slow link needs more than a fixed timeout: give the transfer time at the slowest link served.
+        self.timeout_s = exchange_timeout + self._max_params * 8 / (min_link_mbit * 1e6)
         self._created = runtime.monotonic()
 
     def local_rate(self) -> float:
@@ -125,11 +127,14 @@ class Averager:
 
         The period stretches so that exchanges take at most `max_share` of wall time:
         a big model's exchange costs real CPU (Noise encryption, codec), which would
-        otherwise be taken from training.
+        otherwise be taken from training. A peer with no work since its last merge has
+        nothing new to offer and does not initiate (it still answers partners).
         """
         while True:
             wait = max(period, self.typical_exchange_s / max_share)
             await anyio.sleep(wait * self.rng.uniform(0.5, 1.5))
+            if not self.trainer.fresh:
+                continue
             outcome = await self.average_once(max_attempts)
             if outcome.result == "merged":
                 self.typical_exchange_s += 0.2 * (outcome.duration_s - self.typical_exchange_s)
@@ -145,7 +150,6 @@ class Averager:
             tried.add(entry.peer_id)
             outcome = await self.exchange_with(entry.peer_id, entry.addrs)
             if outcome.result == "merged":
-                entry.exchanges += 1
                 break
         return outcome
 
@@ -235,8 +239,9 @@ class Averager:
         # Shielded: once both sides committed, a cancellation must not leave half a merge.
         with anyio.CancelScope(shield=True):
             await self.runtime.run_sync(self.trainer.merge, snapshot, remote, decision.remote_share, decision.weight_after)
-        self.table.refresh(attempt.peer_id, self.runtime.monotonic())
-        return attempt.outcome("merged", decision.reason, self.runtime, decision.remote_share)
+        outcome = attempt.outcome("merged", decision.reason, self.runtime, decision.remote_share)
+        self.table.record_exchange(attempt.peer_id, outcome.bytes_sent, outcome.duration_s, self.runtime.monotonic())
+        return outcome
 
     async def _attempt(self, attempt: _Attempt, body: Callable[..., Awaitable[Outcome | None]], *args: Any) -> Outcome:
         """Run one exchange's `body` under the exchange timeout and record how it ended.
@@ -245,11 +250,11 @@ class Averager:
         strike) and resets the stream; cancellation resets it too, then propagates.
         """
         try:
-            with anyio.fail_after(self.exchange_timeout):
+            with anyio.fail_after(self.timeout_s):
                 outcome = await body(attempt, *args)
             return self._record(outcome) if outcome else Outcome("busy", attempt.peer_id, "answered busy")
         except TimeoutError:
-            reason = f"timed out after {self.exchange_timeout:g}s"
+            reason = f"timed out after {self.timeout_s:.3g}s"
         except ProtocolError as exc:
             reason = f"{type(exc).__name__}: {exc}"
             if isinstance(exc, OFFENCES):
@@ -331,7 +336,7 @@ class Averager:
         """Answer one state-sync request (the `/murmur/state` stream handler)."""
         conv = Conversation(stream, Exchange(Role.RESPONDER, STATE_SYNC))
         try:
-            with anyio.fail_after(self.exchange_timeout):
+            with anyio.fail_after(self.timeout_s):
                 request = await conv.receive(StateRequest)
                 assert isinstance(request, StateRequest)
                 mismatch = self.identity.mismatch(request.run_id, request.fingerprint)
@@ -357,7 +362,7 @@ class Averager:
         stream = await self.transport.open_stream(peer_id, addrs, STATE_PROTOCOL)
         conv = Conversation(stream, Exchange(Role.INITIATOR, STATE_SYNC, max_params_bytes=self._max_params))
         try:
-            with anyio.fail_after(self.exchange_timeout):
+            with anyio.fail_after(self.timeout_s):
                 await conv.send(StateRequest(self.identity.run_id, self.identity.fingerprint, self.wire_dtype))
                 reply = await conv.receive(StateReply, Refuse)
                 if isinstance(reply, Refuse):

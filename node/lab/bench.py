@@ -123,7 +123,7 @@ def run_murmur(
         args = [
             "run", "--task", task, "--data-dir", str(data_dir), "--listen", f"/ip4/{hosts[i]}/tcp/{ports[i]}",
             "--slowdown", str(slowdown), "--step-time", str(spec["step_time"]), "--duration", str(max_s),
-            "--start-file", str(start_file), "--shard", str(1000 * seed + i), "--record-params", "--log-level", "WARNING",
+            "--start-file", str(start_file), "--shard", str(1000 * seed + i), "--record-params", "--log-level", "INFO",
             "--lr-scale", str(lr_scale), "--eval-every", str(spec.get("eval_every", 1.0)), *ONE_THREAD,
         ]
         if method == "ideal":

@@ -39,6 +39,7 @@ MURMUR_ARGS = {
     "murmur-keep-state": ["--merge", "average", "--weighting", "work", "--optimizer-state", "keep"],
     "murmur-avg-state": ["--merge", "average", "--weighting", "work", "--optimizer-state", "average"],
     "murmur-outer": ["--merge", "outer", "--weighting", "work", "--optimizer-state", "average"],
+    "murmur-link-speed": ["--partners", "link-speed"],
 }
 SWEEP_METHODS = ["sync-equal", "murmur"]
 SWEEP_SCALES = [0.25, 0.5, 1.0, 2.0]  # ×2 grid around each task's own learning rate

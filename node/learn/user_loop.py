@@ -161,6 +161,7 @@ class UserLoopTrainer(Trainer):
         with self._lock:
             self.samples += work
             self.weight += work
+            self.fresh += work
             if loss is not None:
                 self.last_loss = loss
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from murmur.node.net.partners import PartnerChoice, UniformPartners
 from murmur.node.net.view import PartialView
 from murmur.protocol.messages import MAX_PEERS_PER_HELLO, PeerRecord
 
@@ -28,7 +29,8 @@ class PeerEntry:
     peer_id: str
     addrs: list[str]
     last_seen: float
-    exchanges: int = 0
+    exchanges: int = 0  # completed with this peer
+    exchange_rate: float | None = None  # bytes/s of those exchanges (moving average), for `LinkSpeedPartners`
 
 
 @dataclass
@@ -46,6 +48,7 @@ class PeerTable:
 
     self_id: str
     liveness_timeout: float
+    partners: PartnerChoice = field(default_factory=UniformPartners)
     members: dict[str, PeerEntry] = field(default_factory=dict)
     candidates: dict[str, list[str]] = field(default_factory=dict)
     dormant: dict[str, list[str]] = field(default_factory=dict)
@@ -77,11 +80,18 @@ class PeerTable:
             entry.addrs = list(addrs)
         return False
 
-    def refresh(self, peer_id: str, now: float) -> None:
-        """Note that a member just answered; unlike `observe`, never (re)admits a peer."""
+    def record_exchange(self, peer_id: str, nbytes: int, seconds: float, now: float) -> None:
+        """A member completed an exchange of `nbytes` (each way) in `seconds`: it is alive, and its link that fast.
+
+        Unlike `observe`, this never (re)admits a peer."""
         entry = self.members.get(peer_id)
-        if entry is not None:
-            entry.last_seen = now
+        if entry is None:
+            return
+        entry.last_seen = now
+        entry.exchanges += 1
+        if nbytes > 0 and seconds > 0:
+            rate = nbytes / seconds
+            entry.exchange_rate = rate if entry.exchange_rate is None else entry.exchange_rate + 0.5 * (rate - entry.exchange_rate)
 
     def rumour(self, records: list[PeerRecord]) -> None:
         """Note peers another peer knows; they become candidates to contact."""
@@ -136,13 +146,12 @@ class PeerTable:
         return picks
 
     def select_partner(self, rng: random.Random, exclude: set[str]) -> tuple[PeerEntry | None, str]:
-        """Pick a uniformly random member not in `exclude`, and say why (or why none)."""
+        """Pick a member not in `exclude` by this table's `partners` choice, and say why (or why none)."""
         choices = [e for p, e in self.members.items() if p not in exclude]
         if not choices:
             reason = "no known peers" if not self.members else "every known peer was tried this round"
             return None, reason
-        entry = rng.choice(choices)
-        return entry, f"random pick among {len(choices)} live peers"
+        return self.partners.pick(choices, rng)
 
     def records(self, rng: random.Random) -> list[PeerRecord]:
         """A random sample of members to share in a hello."""

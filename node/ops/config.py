@@ -132,6 +132,12 @@ def _view_size(text: str) -> int | None:
     return size or None
 
 
+def _partner_names() -> list[str]:
+    from murmur.node.net.partners import PARTNER_CHOICES
+
+    return sorted(PARTNER_CHOICES)
+
+
 def _rule_names() -> list[str]:
     from murmur.node.learn.rules import RULES  # imports torch: only once a parser is built
 
@@ -201,7 +207,13 @@ class NodeConfig:
     lr_scale: float = option(1.0, "multiply the task's learning rate by this (murmur bench --sweep-lr measures it)",
                              parse=_positive_float, metavar="X")
     average_every: float = option(0.1, "seconds between averaging attempts", metavar="SECONDS")
-    exchange_timeout: float = option(10.0, "give up an exchange after this long", metavar="SECONDS")
+    exchange_timeout: float = option(10.0, "give up an exchange or state sync after this long, plus the model's transfer "
+                                           "time at --min-link-mbit", metavar="SECONDS")
+    min_link_mbit: float = option(5.0, "the slowest link an exchange is given time for (see --exchange-timeout)",
+                                  parse=_positive_float, metavar="MBIT")
+    partners: str = option("uniform", "how to pick exchange partners: uniform (any live peer) or link-speed (in proportion "
+                                      "to each peer's measured exchange speed, so slow links take less of the time)",
+                           choices=_partner_names)
     gossip_every: float = 1.0
     liveness_timeout: float = option(10.0, "drop peers silent for this long", metavar="SECONDS")
     view_size: int | None = option(32, "peers kept in the membership view, a rotating sample of the swarm (0: all)",

@@ -34,6 +34,7 @@ from murmur.node.learn.trainer import Evaluation, Trainer, TrainStats, train
 from murmur.node.learn.user_loop import ModelMismatch, UserLoopTrainer
 from murmur.node.net.libp2p_transport import Libp2pTransport
 from murmur.node.net.membership import PEERS_PROTOCOL, Membership
+from murmur.node.net.partners import PARTNER_CHOICES
 from murmur.node.net.peers import PeerTable
 from murmur.node.net.security import BanList, GuardedTransport, load_allow_list, load_secret
 from murmur.node.net.transport import Transport
@@ -98,11 +99,11 @@ class Node:
         task = self.trainer.task
         log.info("training on %s (%d threads)%s", describe(self.trainer.device), torch.get_num_threads(), " with bf16 autocast" if config.mixed_precision else "")
         self.rng = random.Random(shard)
-        self.table = PeerTable(self.peer_id, config.liveness_timeout, view_size=config.view_size)
+        self.table = PeerTable(self.peer_id, config.liveness_timeout, partners=PARTNER_CHOICES[config.partners](), view_size=config.view_size)
         self.bans = bans or BanList()
         self.averager = build_averager(
             transport, self.trainer, run_id=config.run_id, table=self.table, bans=self.bans, rng=self.rng,
-            exchange_timeout=config.exchange_timeout, wire_dtype=config.wire_dtype,
+            exchange_timeout=config.exchange_timeout, min_link_mbit=config.min_link_mbit, wire_dtype=config.wire_dtype,
         )
         self.identity = self.averager.identity
         self.membership = Membership(
