@@ -99,3 +99,11 @@ def test_methods_argument_names_methods_and_optional_scales() -> None:
         _method_arg("murmr")
     with pytest.raises(ValueError, match="must be positive"):
         _method_arg("murmur@0")
+
+
+def test_every_configuration_names_its_runs_one_way() -> None:
+    from murmur.node.lab.bench_config import DEFAULT, METHODS, MURMUR_ARGS, QUICK, SLOW_LINK, SLOW_LINK_UNEVEN, SWEEP
+
+    for config in (DEFAULT, QUICK, SWEEP, SLOW_LINK, SLOW_LINK_UNEVEN):
+        assert "methods" not in config
+        assert config["runs"] and all((m in METHODS or m in MURMUR_ARGS) and (s is None or s > 0) for m, s in config["runs"])

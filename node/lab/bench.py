@@ -289,7 +289,7 @@ def run_bench(config: dict, out: Path) -> dict:
         multiprocessing.forkserver.ensure_running()
     bench_began = time.monotonic()
     results: list[dict] = []
-    runs = [("ideal", None), *config.get("runs", [(m, None) for m in config.get("methods", METHODS)])]
+    runs = [("ideal", None), *config["runs"]]
     total = sum(len(config["seeds"]) * len(config["mixes"][t]) * len(runs) for t in config["tasks"])
     with Progress(total=total, label="murmur bench") as progress:
         for task in config["tasks"]:

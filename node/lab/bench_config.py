@@ -41,14 +41,24 @@ MURMUR_ARGS = {
     "murmur-outer": ["--merge", "outer", "--weighting", "work", "--optimizer-state", "average"],
     "murmur-link-speed": ["--partners", "link-speed"],
 }
+
+
+def at_chosen_lr(methods: list[str]) -> list[tuple[str, None]]:
+    """A configuration's "runs": each method at its task's chosen learning rate (`TASKS[task]["lr_scale"]`).
+
+    Every configuration names what it runs this one way: (method, learning-rate scale or None) pairs.
+    """
+    return [(m, None) for m in methods]
+
+
 SWEEP_METHODS = ["sync-equal", "murmur"]
 SWEEP_SCALES = [0.25, 0.5, 1.0, 2.0]  # ×2 grid around each task's own learning rate
 # The default run fits 15 minutes on 2 cores: digits' homogeneous and mild mixes and the `murmur-work` row (today
 # exactly `murmur`'s defaults: average, work weights, own Adam moments) run with `--mixes` / `--methods`.
 DEFAULT = {"tasks": ["digits", "charlm"], "mixes": {"digits": ["headline", "extreme"], "charlm": ["headline"]},
            "seeds": [0, 1, 2], "max_s": {"digits": 25.0, "charlm": 60.0},
-           "methods": ["sync-equal", "sync-proportional", "diloco", "murmur-uniform", "murmur"]}
-QUICK = {"tasks": ["digits"], "mixes": {"digits": ["headline"]}, "seeds": [0], "max_s": {"digits": 20.0}}
+           "runs": at_chosen_lr(["sync-equal", "sync-proportional", "diloco", "murmur-uniform", "murmur"])}
+QUICK = {"tasks": ["digits"], "mixes": {"digits": ["headline"]}, "seeds": [0], "max_s": {"digits": 20.0}, "runs": at_chosen_lr(METHODS)}
 SWEEP = {"tasks": ["charlm", "digits"], "mixes": {"charlm": ["headline"], "digits": ["headline"]}, "seeds": [0, 1],
          "max_s": DEFAULT["max_s"], "sweep": True, "runs": [(m, s) for s in SWEEP_SCALES for m in SWEEP_METHODS]}
 # Slow links (`murmur bench --link-mbit`, root): the 2M-parameter LM over capped links, the baselines over the same
@@ -56,6 +66,7 @@ SWEEP = {"tasks": ["charlm", "digits"], "mixes": {"charlm": ["headline"], "digit
 # the headline mix its own cap, in peer order (`--link-mbit 100,50,20,10`). 180 s: at 20 Mbit/s one all-reduce of the
 # 8.6 MB model takes ~5 s, so the synchronous baselines need ~2-3 minutes to reach charlm-large's target.
 SLOW_LINK = {"tasks": ["charlm-large"], "mixes": {"charlm-large": ["headline"]}, "seeds": [0, 1, 2],
-             "max_s": {"charlm-large": 180.0}, "methods": ["sync-equal", "sync-proportional", "diloco", "murmur-work", "murmur"],
+             "max_s": {"charlm-large": 180.0},
+             "runs": at_chosen_lr(["sync-equal", "sync-proportional", "diloco", "murmur-work", "murmur"]),
              "link_mbit": [20.0]}
 SLOW_LINK_UNEVEN = {**SLOW_LINK, "link_mbit": [100.0, 50.0, 20.0, 10.0]}
