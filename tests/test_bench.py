@@ -6,11 +6,12 @@ from pathlib import Path
 import pytest
 
 from murmur.node.lab.bench import METHODS, run_bench
+from murmur.node.lab.bench_config import at_chosen_lr
 
 
 @pytest.mark.slow
 def test_smallest_bench_runs_every_method_and_writes_its_outputs(tmp_path: Path) -> None:
-    config = {"tasks": ["digits"], "mixes": {"digits": ["pair"]}, "seeds": [0], "max_s": {"digits": 4.0}}
+    config = {"tasks": ["digits"], "mixes": {"digits": ["pair"]}, "seeds": [0], "max_s": {"digits": 4.0}, "runs": at_chosen_lr(METHODS)}
     run_bench(config, tmp_path)
     results = json.loads((tmp_path / "results.json").read_text())["results"]
     assert [r["method"] for r in results] == ["ideal", *METHODS]
