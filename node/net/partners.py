@@ -41,13 +41,14 @@ class LinkSpeedPartners:
     def pick(self, members: Sequence[PeerEntry], rng: random.Random) -> tuple[PeerEntry, str]:
         measured = [m.exchange_rate for m in members if m.exchange_rate]
         if not measured:
-            return rng.choice(list(members)), f"random pick among {len(members)} live peers (no link measured yet)"
+            entry, reason = UniformPartners().pick(members, rng)
+            return entry, f"{reason} (no link measured yet)"
         fastest = max(measured)
         speeds = [m.exchange_rate or fastest for m in members]
-        entry = rng.choices(list(members), weights=speeds)[0]
-        speed = entry.exchange_rate
+        i = rng.choices(range(len(members)), weights=speeds)[0]
+        speed = members[i].exchange_rate
         said = f"{speed / 1e6:.2f} MB/s" if speed else "not measured yet"
-        return entry, f"link-speed pick among {len(members)} live peers (its exchanges: {said}; p={speeds[members.index(entry)] / sum(speeds):.2f})"
+        return members[i], f"link-speed pick among {len(members)} live peers (its exchanges: {said}; p={speeds[i] / sum(speeds):.2f})"
 
 
 PARTNER_CHOICES: dict[str, type[UniformPartners] | type[LinkSpeedPartners]] = {
