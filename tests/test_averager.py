@@ -8,6 +8,7 @@ real time. Real libp2p is covered by `tests/test_averaging_libp2p.py`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import random
@@ -155,6 +156,20 @@ async def test_a_peer_initiates_only_with_work_since_its_last_merge_and_both_sid
             tg.cancel_scope.cancel()
         assert a.averager.outcomes == b.averager.outcomes == {"merged": 1}  # then nothing new again
         assert a.averager.table.members[b.id].exchanges == b.averager.table.members[a.id].exchanges == 1
+
+
+async def test_a_peer_waits_so_that_its_exchanges_take_at_most_their_share_of_wall_time() -> None:
+    async with peers(2) as (a, b):
+        a.know(b)
+        a.steps(1)
+        a.averager.typical_exchange_s = 1.0  # as if each exchange had taken 1 s
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(a.averager.run, 0.1, max_share=0.25))
+            await anyio.sleep(1.99)  # the wait is 1 s / 0.25 = 4 s, jittered to 2-6 s
+            assert not a.averager.outcomes
+            await anyio.sleep(4.02)
+            tg.cancel_scope.cancel()
+        assert a.averager.outcomes == {"merged": 1}
 
 
 async def test_exchanges_before_anyone_trained_do_not_stop_later_merges() -> None:

@@ -96,6 +96,7 @@ def test_every_run_option_is_explained_and_configurable(parser: argparse.Argumen
         ("weighting = 'loudest'\n", {}, r"key 'weighting': invalid value 'loudest' for --weighting \(choose from"),
         ("task = true\n", {}, r"key 'task': --task takes one number or string, got True"),
         ("max-connections = 2.5\n", {}, r"key 'max-connections': invalid value 2.5 for --max-connections"),
+        ("exchange-share = 1.5\n", {}, r"key 'exchange-share': invalid value 1.5 for --exchange-share: 1.5 is not a fraction"),
         ("listen = 5\n", {}, r"key 'listen': --listen takes a list"),
         ("duration = [1, 2]\n", {}, r"key 'duration': --duration takes one number or string"),
         (
@@ -212,6 +213,7 @@ merge = "outer"
 outer-lr = 0.5
 outer_momentum = 0.8
 average-every = 0.2
+exchange-share = 0.25
 exchange_timeout = 5
 min-link-mbit = 2.5
 partners = "link-speed"
@@ -251,7 +253,7 @@ def test_a_murmur_toml_with_every_documented_key_still_loads(tmp_path: Path) -> 
     assert node == NodeConfig(
         data_dir=Path("/data"), task="digits", run_id="swarm-1", listen=["/ip4/0.0.0.0/tcp/4001"], bootstrap=[BOOT_C],
         addr_file=Path("/data/addrs.txt"), announce=["/ip4/203.0.113.7/tcp/4001"], relays=[RELAY], relay_service=True,
-        slowdown=1.5, step_time_ms=20.0, weighting="uniform", merge="outer", outer_lr=0.5, outer_momentum=0.8, average_every=0.2, exchange_timeout=5.0,
+        slowdown=1.5, step_time_ms=20.0, weighting="uniform", merge="outer", outer_lr=0.5, outer_momentum=0.8, average_every=0.2, exchange_share=0.25, exchange_timeout=5.0,
         min_link_mbit=2.5, partners="link-speed", liveness_timeout=12.0, view_size=None, eval_every=2.0, duration=600.0, shard=3, sync_state=False, nat_traversal=False,
         checkpoint_every=60.0, allow_peers=Path("/data/peers.txt"), swarm_secret_file=Path("/data/secret"),
         wire_dtype="bfloat16", optimizer_state="average", lr_scale=0.5, max_connections=100, start_at=1700000000.0, start_file=Path("/data/start"),

@@ -143,7 +143,7 @@ def run_murmur(
         deadline = start_at + max_s + 30
         while time.time() < deadline and any(p.poll() is None for p in procs):
             time.sleep(0.5)
-            grid = _median_curve(dirs, spec["metric"], start_at)
+            grid = _median_curve(dirs, spec["metric"], start_at, _grid_s(spec))
             if method != "ideal" and grid and _reached(grid[-1]["value"], spec["target"], spec["higher"]):
                 time.sleep(1.0)  # one more grid point, then stop everyone
                 break
@@ -190,16 +190,22 @@ def _records(data_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def _median_curve(dirs: list[Path], metric: str, t0: float) -> list[dict]:
-    """The median peer's metric and the swarm's total samples on a 1 s grid after `t0`."""
+def _grid_s(spec: dict) -> float:
+    """The curve's time step: the task's evaluation interval, at most 1 s (a slow evaluation still gets a 1 s grid)."""
+    return min(1.0, spec.get("eval_every", 1.0))
+
+
+def _median_curve(dirs: list[Path], metric: str, t0: float, grid_s: float = 1.0) -> list[dict]:
+    """The median peer's metric and the swarm's total samples every `grid_s` seconds after `t0`."""
     records = [_records(d) for d in dirs]
     if not all(records):
         return []
     end = min(r[-1]["t"] for r in records) - t0
     out = []
-    for t in range(0, int(end) + 1):
-        latest = [next((x for x in reversed(r) if x["t"] - t0 <= t + 0.5), r[0]) for r in records]
-        out.append({"t": float(t), "value": statistics.median(x[metric] for x in latest), "samples": sum(x["samples"] for x in latest)})
+    for k in range(0, int(end / grid_s + 1e-9) + 1):
+        t = round(k * grid_s, 6)
+        latest = [next((x for x in reversed(r) if x["t"] - t0 <= t + grid_s / 2), r[0]) for r in records]
+        out.append({"t": t, "value": statistics.median(x[metric] for x in latest), "samples": sum(x["samples"] for x in latest)})
     return out
 
 
@@ -223,7 +229,7 @@ def _consensus(dirs: list[Path]) -> list[dict]:
 
 def _murmur_result(task: str, slowdowns: list[float], method: str, dirs: list[Path], start_at: float, codes: list) -> dict:
     spec = TASKS[task]
-    curve = _median_curve(dirs, spec["metric"], start_at)
+    curve = _median_curve(dirs, spec["metric"], start_at, _grid_s(spec))
     statuses = [_status(d) for d in dirs]
     ttt = next((c["t"] for c in curve if _reached(c["value"], spec["target"], spec["higher"])), None)
     return {

@@ -163,6 +163,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _share(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a fraction in (0, 1]")
+    return value
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -207,6 +214,8 @@ class NodeConfig:
     lr_scale: float = option(1.0, "multiply the task's learning rate by this (murmur bench --sweep-lr measures it)",
                              parse=_positive_float, metavar="X")
     average_every: float = option(0.1, "seconds between averaging attempts", metavar="SECONDS")
+    exchange_share: float = option(0.1, "the most of wall time this node's exchanges may take: attempts wait at least "
+                                         "the typical exchange's duration divided by this", parse=_share, metavar="FRACTION")
     exchange_timeout: float = option(10.0, "give up an exchange or state sync after this long, plus the model's transfer "
                                            "time at --min-link-mbit", metavar="SECONDS")
     min_link_mbit: float = option(5.0, "the slowest link an exchange is given time for (see --exchange-timeout)",

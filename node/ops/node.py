@@ -8,6 +8,7 @@ event loop serves peers.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -181,7 +182,7 @@ class Node:
                     log.info("no state sync (%s): training from the %s model", outcome.reason, "resumed" if self.resumed_from else "initial")
         async with anyio.create_task_group() as tg:
             tg.start_soon(self.membership.run, cfg.bootstrap, cfg.gossip_every)
-            tg.start_soon(self.averager.run, cfg.average_every)
+            tg.start_soon(functools.partial(self.averager.run, cfg.average_every, max_share=cfg.exchange_share))
             tg.start_soon(self._checkpoint_periodically)
             start_at = cfg.start_at
             if cfg.start_file is not None:
