@@ -81,13 +81,15 @@ def test_the_summary_names_the_link_caps() -> None:
     assert "Links" not in summarize([run("ideal", None), run("murmur", None)])  # loopback: the table as before
 
 
-def _leftovers(tmp_path: Path) -> list[str]:
-    """Processes whose command line names `tmp_path` (every peer and rank does: its data dir or result file)."""
+def _in_other_namespaces() -> list[str]:
+    """PIDs of processes in a network namespace other than this one's: every peer and rank of a run is, until
+    its teardown (they fork from a server outside the run, so their command lines do not name it)."""
+    ours = os.readlink("/proc/self/ns/net")
     found = []
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
+        if entry.name.isdigit():
             try:
-                if str(tmp_path).encode() in (entry / "cmdline").read_bytes():
+                if os.readlink(entry / "ns" / "net") != ours:
                     found.append(entry.name)
             except OSError:
                 pass
@@ -124,13 +126,16 @@ def test_smallest_slow_link_bench_runs_every_method_over_capped_links_and_leaves
     # Every veth end lives inside a namespace of the run (none in the root namespace): gone with them.
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"mb{os.getpid()}-" not in namespaces
-    assert _leftovers(tmp_path) == []
+    assert _in_other_namespaces() == []
 
 
 class _Exited:
-    """A stand-in process that has already failed: the run stops at once, after recording how it was started."""
+    """A stand-in forked process that has already failed: the run stops at once, after recording how it was started."""
 
     pid, returncode = 0, 1
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.args, self.kwargs = args, kwargs
 
     def poll(self) -> int:
         return 1
@@ -144,27 +149,31 @@ class _Exited:
 
 
 class _Namespace:
-    """A stand-in `Netns` that records what would be started in it."""
+    """A stand-in `Netns` that records the processes that entered it."""
 
-    def __init__(self, address: str) -> None:
-        self.address = address
-        self.started: list[tuple[list[str], dict]] = []
+    def __init__(self, name: str, address: str) -> None:
+        self.name, self.address = name, address
+        self.adopted: list[_Exited] = []
 
-    def popen(self, argv: list[str], **kwargs) -> _Exited:
-        self.started.append((argv, kwargs))
-        return _Exited()
+    def adopt(self, proc: _Exited) -> _Exited:
+        self.adopted.append(proc)
+        return proc
 
 
-def test_over_links_peers_listen_on_their_namespace_address_and_bootstrap_to_peer_zeros(tmp_path: Path) -> None:
-    from murmur.node.lab.swarm import murmur_command
+def test_over_links_peers_listen_on_their_namespace_address_and_bootstrap_to_peer_zeros(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from murmur.node.ops.run import build_run_parser
 
-    links = [_Namespace("10.9.0.1"), _Namespace("10.9.0.2")]
+    monkeypatch.setattr(bench, "ForkedPeer", _Exited)
+    links = [_Namespace("mb1-p0", "10.9.0.1"), _Namespace("mb1-p1", "10.9.0.2")]
     with pytest.raises(RuntimeError, match="peer 0 exited"):
         bench.run_murmur("charlm-large", [1.0, 2.0], "murmur", 0, 5.0, tmp_path / "run", links=links)
-    argvs = [ns.started[0][0] for ns in links]
-    assert all(argv[: len(murmur_command()) + 1] == [*murmur_command(), "run"] for argv in argvs)
-    args = [build_run_parser().parse_args(argv[len(murmur_command()) + 1:]) for argv in argvs]
+    peers = [ns.adopted[0] for ns in links]
+    assert [p.kwargs["netns"] for p in peers] == ["mb1-p0", "mb1-p1"]  # each peer forks into its own namespace
+    argvs = [p.args[0] for p in peers]
+    assert all(argv[0] == "run" for argv in argvs)
+    args = [build_run_parser().parse_args(argv[1:]) for argv in argvs]
     assert [a.listen[0].split("/tcp/")[0] for a in args] == ["/ip4/10.9.0.1", "/ip4/10.9.0.2"]
     assert args[0].bootstrap == [] and args[1].bootstrap[0].startswith(f"{args[0].listen[0]}/p2p/")
     assert [a.eval_every for a in args] == [6.0, 6.0] and [a.threads for a in args] == [1, 1]
@@ -172,16 +181,19 @@ def test_over_links_peers_listen_on_their_namespace_address_and_bootstrap_to_pee
     assert all("--average-every" not in argv and "--merge" not in argv for argv in argvs)
 
 
-def test_over_links_ranks_rendezvous_at_rank_zeros_address_and_bind_gloo_to_the_capped_veth(tmp_path: Path) -> None:
+def test_over_links_ranks_rendezvous_at_rank_zeros_address_and_bind_gloo_to_the_capped_veth(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from murmur.node.lab import sync_baseline
     from murmur.node.lab.sync_baseline import RankFailed, run_sync
-    from murmur.node.lab.sync_rank import config_from_json
 
-    links = [_Namespace("10.9.0.1"), _Namespace("10.9.0.2")]
+    monkeypatch.setattr(sync_baseline, "ForkedProcess", _Exited)
+    links = [_Namespace("mb1-p0", "10.9.0.1"), _Namespace("mb1-p1", "10.9.0.2")]
     with pytest.raises(RankFailed, match="rank 0 failed"):
         run_sync("digits", [1.0, 2.0], "diloco", 3.0, 10.0, None, links=links, work_dir=tmp_path)
     for rank, ns in enumerate(links):
-        (argv, kwargs), = ns.started
-        assert argv[1:5] == ["-m", "murmur.node.lab.sync_rank", "--rank", str(rank)]
-        assert kwargs["env"]["GLOO_SOCKET_IFNAME"] == "eth0"
-        cfg = config_from_json(argv[argv.index("--config") + 1])
+        (proc,) = ns.adopted
+        target, (rank_arg, cfg, out) = proc.args[:2]
+        assert (rank_arg, proc.kwargs["netns"], out) == (rank, ns.name, str(tmp_path / f"rank{rank}.json"))
+        assert target is sync_baseline._rank_over_link  # which binds gloo to LINK_DEVICE, the capped veth
         assert (cfg.store_host, cfg.store_on_rank0, cfg.mode) == ("10.9.0.1", True, "diloco")

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from murmur.node.lab.netns import NetnsError, Network, netns_unavailable_reason
+from murmur.node.lab.netns import NetnsError, Network, enter_namespace, netns_unavailable_reason
+from murmur.node.lab.swarm import ForkedProcess
 
 _reason = netns_unavailable_reason(need_iptables=True)
 pytestmark = pytest.mark.skipif(_reason is not None, reason=_reason or "")
@@ -47,6 +48,10 @@ def _connect(src, dst_address):
     return src.run(sys.executable, "-c", CLIENT, dst_address, check=False)
 
 
+def _pids(namespace: str) -> list[str]:
+    return subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout.split()
+
+
 def _namespaces() -> set[str]:
     return set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
 
@@ -81,6 +86,30 @@ def test_teardown_on_exception_kills_processes_and_namespaces():
             raise KeyboardInterrupt
     assert sleeper.wait(timeout=5) is not None
     assert not names & _namespaces()
+
+
+def test_a_forked_process_enters_its_namespace_and_dies_with_it(tmp_path):
+    with Network(prefix="tn") as net:
+        a, pub = net.host("a"), net.host("pub")
+        server = a.adopt(ForkedProcess(exec, (SERVER,), tmp_path / "server.log", netns=a.name))
+        deadline = time.monotonic() + 30
+        log = tmp_path / "server.log"
+        while not (log.exists() and "ready" in log.read_text()) and time.monotonic() < deadline:
+            assert server.poll() is None, log.read_text()
+            time.sleep(0.05)
+        out = _connect(pub, a.address)  # it listens on a's address, inside a
+        assert (out.returncode, out.stdout.strip()) == (0, pub.address), out.stderr
+        sleeper = a.adopt(ForkedProcess(time.sleep, (600,), tmp_path / "sleeper.log", netns=a.name))
+        deadline = time.monotonic() + 30  # the kernel lists it among a's processes once it has entered
+        while str(sleeper.pid) not in _pids(a.name) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert str(sleeper.pid) in _pids(a.name)
+    assert sleeper.wait(timeout=5) is not None
+
+
+def test_entering_a_namespace_that_does_not_exist_names_it():
+    with pytest.raises(NetnsError, match="namespace tn-absent"):
+        enter_namespace("tn-absent")
 
 
 def test_leftovers_of_a_dead_run_are_removed():

@@ -130,14 +130,3 @@ def test_over_links_every_rank_needs_a_namespace_and_a_work_dir(tmp_path) -> Non
     with pytest.raises(ValueError, match="namespace"):
         sb.run_sync("digits", SLOWDOWNS, "equal", DURATION, STEP_MS, None, links=[], work_dir=tmp_path)
     assert multiprocessing.active_children() == []
-
-
-def test_a_rank_started_as_its_own_program_reads_its_config_from_json() -> None:
-    from dataclasses import asdict
-
-    from murmur.node.lab.sync_rank import Config, config_from_json
-
-    cfg = Config("digits", (1.0, 2.0), "equal", 3.0, 10.0, None, 1.0, 0, 29500, 60.0, store_host="10.1.0.1", store_on_rank0=True)
-    assert config_from_json(json.dumps(asdict(cfg))) == cfg  # what run_sync hands a rank in a namespace
-    with pytest.raises(TypeError):
-        config_from_json(json.dumps({**asdict(cfg), "bogus": 1}))

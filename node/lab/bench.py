@@ -32,8 +32,8 @@ markdown table to `--out`.
 Slow links (`--link-mbit`, `murmur.node.lab.links`): every Murmur peer and every sync or diloco rank runs in its
 own network namespace on a veth pair capped with `tc tbf`; the peers listen on their namespace's address and
 bootstrap to peer 0's, the ranks' gloo binds to the capped veth. Each run builds its namespaces and removes
-them (with every process in them) when it ends, fails or is interrupted. Peers and ranks start as fresh
-programs there (a fork server cannot hand a child to another namespace); start-up stays excluded.
+them (with every process in them) when it ends, fails or is interrupted. Peers and ranks fork from the
+preloaded server, as on loopback, and enter their namespace themselves; start-up stays excluded.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ import multiprocessing.forkserver
 import shutil
 import socket
 import statistics
-import subprocess
 import sys
 import time
 from contextlib import nullcontext
@@ -75,7 +74,7 @@ from murmur.node.lab.links import (
 )
 from murmur.node.lab.netns import Netns
 from murmur.node.lab.progress import Progress
-from murmur.node.lab.swarm import FORK_PRELOAD, ONE_THREAD, ForkedPeer, murmur_command, peer_environment, stop_processes
+from murmur.node.lab.swarm import FORK_PRELOAD, ONE_THREAD, ForkedPeer, stop_processes
 from murmur.node.lab.sync_baseline import RANK_MODULE, run_sync
 from murmur.node.ops.node import METRICS_FILE
 from murmur.node.ops.status import StatusUnavailable, load_status
@@ -134,7 +133,7 @@ def run_murmur(
         procs.append(_start_peer(args, data_dir / "log.txt", links[i] if links else None))
     try:
         joined = time.monotonic()
-        # Fresh programs in namespaces import torch each, 4 at once on 2 cores, and pull the model over their links.
+        # Peers in namespaces pull the model over their capped links.
         _wait_until_ready(procs, dirs, others=0 if method == "ideal" else len(slowdowns) - 1, timeout=180.0 if links else 60.0)
         start_at = time.time() + START_MARGIN_S
         (root / "start-at.tmp").write_text(repr(start_at))
@@ -154,12 +153,11 @@ def run_murmur(
     return result
 
 
-def _start_peer(args: list[str], log_path: Path, ns: Netns | None) -> ForkedPeer | subprocess.Popen:
-    """`murmur run ARGS`: forked from the preloaded server on loopback, a fresh program inside namespace `ns`."""
+def _start_peer(args: list[str], log_path: Path, ns: Netns | None) -> ForkedPeer:
+    """`murmur run ARGS`, forked from the preloaded server; inside namespace `ns` (which then tracks it) if given."""
     if ns is None:
         return ForkedPeer(args, log_path)
-    with log_path.open("w") as log:
-        return ns.popen(murmur_command() + args, stdout=log, stderr=subprocess.STDOUT, env=peer_environment())
+    return ns.adopt(ForkedPeer(args, log_path, netns=ns.name))
 
 
 def _wait_until_ready(procs: list[ForkedPeer], dirs: list[Path], others: int, timeout: float = 60.0) -> None:
@@ -288,11 +286,11 @@ def run_bench(config: dict, out: Path) -> dict:
         if reason is not None:
             raise LinksUnavailable(reason)
     out.mkdir(parents=True, exist_ok=True)
-    if not config.get("link_mbit"):  # over links every peer and rank starts as its own program instead
-        # One fork server, started now with everything both kinds of run import: Murmur peers
-        # and sync ranks then start in about a second (start-up is excluded from the measurements).
-        multiprocessing.get_context("forkserver").set_forkserver_preload([RANK_MODULE, *FORK_PRELOAD])
-        multiprocessing.forkserver.ensure_running()
+    # One fork server, started now with everything both kinds of run import: Murmur peers and sync
+    # ranks (over links too, entering their namespaces) then start in about a second (start-up is
+    # excluded from the measurements).
+    multiprocessing.get_context("forkserver").set_forkserver_preload([RANK_MODULE, *FORK_PRELOAD])
+    multiprocessing.forkserver.ensure_running()
     bench_began = time.monotonic()
     results: list[dict] = []
     runs = [("ideal", None), *config["runs"]]

@@ -1,5 +1,5 @@
 """A Murmur swarm through real NAT: public peers (bootstrap and relays, all `--relay-service`) and two
-peers each behind its own NAT router, every one a `murmur run` process in its own network namespace.
+peers each behind its own NAT router, every one a `murmur run` process (forked, see `ForkedPeer`) in its own network namespace.
 
 Used by `tests/test_nat.py` and `scripts/nat_measure.py`. Needs root, iproute2 and iptables
 (`murmur.node.lab.netns.netns_unavailable_reason`).
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from murmur.node.lab.netns import Netns, Network
+from murmur.node.lab.swarm import ForkedPeer
 
 PORT = 4001
 PUNCH_LINE = re.compile(r"direct connection to (\w+) \(hole punched\)")
@@ -44,7 +44,7 @@ class NatSwarm:
         self.extra = list(extra)
         self.net = Network(prefix="nsw")
         self.hosts: dict[str, Netns] = {}
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, ForkedPeer] = {}
         self.started = 0.0
         self.killed: set[str] = set()
 
@@ -74,11 +74,10 @@ class NatSwarm:
     def _start(self, name: str, *args: str) -> None:
         data = self.root / name
         data.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", "murmur.node.cli", "run", "--data-dir", str(data), "--listen", f"/ip4/0.0.0.0/tcp/{PORT}",
-                "--addr-file", str(data / "addrs.txt"), "--threads", "1", "--duration", str(self.duration),
-                *self.extra, *args]
-        with (data / "log.txt").open("w") as log:
-            self.procs[name] = self.hosts[name].popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        argv = ["run", "--data-dir", str(data), "--listen", f"/ip4/0.0.0.0/tcp/{PORT}", "--addr-file", str(data / "addrs.txt"),
+                "--threads", "1", "--duration", str(self.duration), *self.extra, *args]
+        host = self.hosts[name]
+        self.procs[name] = host.adopt(ForkedPeer(argv, data / "log.txt", netns=host.name))
 
     def peer_id(self, name: str, timeout: float = 90.0) -> str:
         """The peer's ID, from its addr file (waits for it to start listening)."""

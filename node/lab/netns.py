@@ -8,23 +8,27 @@ module creates, under private 10.x addresses, so no packet leaves the machine:
         home = net.nat("home1")                    # a NAT router: MASQUERADE, drops unsolicited inbound
         b = net.host("b", behind=home, link_mbit=20)
         proc = b.popen(["python", "-m", "..."])    # killed by PID on teardown
+        b.adopt(forked)                            # a process that entered `b` itself (`enter_namespace`)
 
 Teardown (the `with` exit, also on an exception or KeyboardInterrupt) kills every process started through
-`popen`, deletes every namespace (which takes their veth ends with it) and the bridge namespace.
+`popen` or adopted, deletes every namespace (which takes their veth ends with it) and the bridge namespace.
 Names carry the prefix and this process's id, so parallel runs don't collide; leftovers of a dead process
 with the same prefix are removed on entry.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
 import subprocess
 import zlib
 from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["NetnsError", "Network", "Netns", "Nat", "netns_unavailable_reason"]
+__all__ = ["NetnsError", "Network", "Netns", "Nat", "enter_namespace", "netns_unavailable_reason"]
+_CLONE_NEWNET = 0x40000000  # <sched.h>; Python 3.11's os has no setns
 
 
 class NetnsError(RuntimeError):
@@ -39,6 +43,24 @@ def netns_unavailable_reason(need_iptables: bool = False) -> str | None:
         if shutil.which(tool) is None:
             return f"`{tool}` is not installed (apt-get install iproute2 iptables)"
     return None
+
+
+def enter_namespace(name: str) -> None:
+    """Moves the calling process into network namespace `name` (one `ip netns add` made), as `ip netns exec` would.
+
+    For a freshly forked child, before it opens a socket: a process forked from a preloaded server
+    starts in a second instead of the several a fresh interpreter needs to import torch. Raises
+    `NetnsError` naming the namespace when there is no such namespace or the kernel refuses (not root).
+    """
+    try:
+        fd = os.open(f"/run/netns/{name}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise NetnsError(f"namespace {name}: {e.strerror}") from None
+    try:
+        if ctypes.CDLL(None, use_errno=True).setns(fd, _CLONE_NEWNET) != 0:
+            raise NetnsError(f"setns into namespace {name}: {os.strerror(ctypes.get_errno())}")
+    finally:
+        os.close(fd)
 
 
 def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -65,6 +87,12 @@ class Netns:
     def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:
         """Starts `argv` inside this namespace; the network kills it by PID on teardown."""
         proc = subprocess.Popen(["ip", "netns", "exec", self.name, *argv], start_new_session=True, **kwargs)
+        self.processes.append(proc)
+        return proc
+
+    def adopt(self, proc: Any) -> Any:
+        """Tracks `proc` (Popen-like, its own process group), which entered this namespace itself
+        (`enter_namespace`), so that teardown kills it by PID like the processes of `popen`."""
         self.processes.append(proc)
         return proc
 

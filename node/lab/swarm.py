@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,20 +66,23 @@ FORK_PRELOAD = ["murmur.node.lab.preload"]  # what the fork server imports once 
 ONE_THREAD = ["--threads", "1"]
 
 
-class ForkedPeer:
-    """`murmur run ARGV` in a process forked from a server that has imported everything once.
+class ForkedProcess:
+    """`target(*args)` in a process forked from a server that has imported everything once.
 
-    The peer runs the command's own code (`murmur.node.ops.run.main`) in its own OS process and
-    session, with its output in `log_path` and no `MURMUR_*` settings, like `start_peer`'s
-    peers; it is ready in about a second instead of several. Popen-like (`pid`, `poll`,
-    `wait`, `kill`, `returncode`), so `stop_processes` stops it by PID.
+    The process runs in its own session (so it is stopped by PID, never by a Ctrl-C meant
+    for its starter), with its output in `log_path`, no `MURMUR_*` settings and, given
+    `netns`, inside that network namespace (`murmur.node.lab.netns.enter_namespace`). It is
+    ready in about a second instead of the several a fresh interpreter spends importing
+    torch. Popen-like (`pid`, `poll`, `wait`, `kill`, `terminate`, `returncode`), so
+    `stop_processes` and a namespace's teardown stop it by PID.
     """
 
-    def __init__(self, argv: list[str], log_path: Path) -> None:
+    def __init__(self, target: Callable[..., object], args: tuple, log_path: Path, netns: str | None = None,
+                 name: str = "forked") -> None:
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(FORK_PRELOAD)
-        # daemon: should this process die, multiprocessing's exit handler still ends the peer
-        self._process = context.Process(target=_forked_murmur, args=(argv, str(log_path)), name="murmur-run", daemon=True)
+        # daemon: should this process die, multiprocessing's exit handler still ends the child
+        self._process = context.Process(target=_in_own_session, args=(target, args, str(log_path), netns), name=name, daemon=True)
         self._process.start()
         self.pid: int = self._process.pid  # type: ignore[assignment]  # set by start()
 
@@ -90,30 +94,48 @@ class ForkedPeer:
         return self._process.exitcode
 
     def wait(self, timeout: float | None = None) -> int:
-        """The exit code; raises `subprocess.TimeoutExpired` if the peer still runs after `timeout`."""
+        """The exit code; raises `subprocess.TimeoutExpired` if the process still runs after `timeout`."""
         self._process.join(timeout)
         if self._process.exitcode is None:
-            raise subprocess.TimeoutExpired("murmur run", timeout or 0.0)
+            raise subprocess.TimeoutExpired(self._process.name, timeout or 0.0)
         return self._process.exitcode
+
+    def terminate(self) -> None:
+        self._process.terminate()
 
     def kill(self) -> None:
         self._process.kill()
 
 
-def _forked_murmur(argv: list[str], log_path: str) -> None:
+class ForkedPeer(ForkedProcess):
+    """`murmur run ARGV` as a `ForkedProcess`: the command's own code (`murmur.node.ops.run.main`), like `start_peer`'s peers."""
+
+    def __init__(self, argv: list[str], log_path: Path, netns: str | None = None) -> None:
+        if argv[:1] != ["run"]:
+            raise ValueError(f"a forked peer runs `murmur run`, not {argv[:1]}")
+        super().__init__(_murmur_run, (argv[1:],), log_path, netns, name="murmur-run")
+
+
+def _in_own_session(target: Callable[..., object], args: tuple, log_path: str, netns: str | None) -> None:
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
-    os.setsid()  # as start_new_session: Ctrl-C reaches only the controller, which stops peers by PID
+    os.setsid()  # as start_new_session: Ctrl-C reaches only the controller, which stops children by PID
     for key in [k for k in os.environ if k.startswith("MURMUR_")]:
         del os.environ[key]
+    if netns is not None:
+        from murmur.node.lab.netns import enter_namespace
+
+        enter_namespace(netns)
+    target(*args)
+
+
+def _murmur_run(args: list[str]) -> None:
     from murmur.node.ops import run
 
-    if argv[:1] != ["run"]:
-        raise ValueError(f"a forked peer runs `murmur run`, not {argv[:1]}")
     with run.quiet_stop_signals():
-        code = run.main(argv[1:])
+        code = run.main(args)
     run.exit_now(code)
 
 

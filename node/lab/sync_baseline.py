@@ -27,8 +27,8 @@ time; evaluation pauses every rank's clock. Training ends on every rank after th
 step: once rank 0's training time reaches `duration`, or once the target metric is reached.
 
 Over slow links (`run_sync(..., links=...)`, from `murmur bench --link-mbit`) each rank runs in its own
-network namespace (`murmur.node.lab.links`), started as its own program (`python -m murmur.node.lab.sync_rank`: a fork
-server cannot hand a child to another namespace); rank 0 hosts the rendezvous store on its namespace's
+network namespace (`murmur.node.lab.links`): forked from the preloaded server like the peers, it enters the
+namespace itself and writes its result to a file; rank 0 hosts the rendezvous store on its namespace's
 address and gloo binds to each namespace's capped veth (`GLOO_SOCKET_IFNAME`), so every all-reduce crosses
 the capped links. Start-up stays excluded: the clock still starts at the ranks' first barrier.
 
@@ -56,7 +56,8 @@ import torch.multiprocessing as mp
 
 from murmur.node.lab.links import LINK_DEVICE
 from murmur.node.lab.netns import Netns
-from murmur.node.lab.sync_rank import HOST, MODES, Config, meets, worker
+from murmur.node.lab.swarm import ForkedProcess
+from murmur.node.lab.sync_rank import HOST, MODES, Config, meets, run_rank, worker
 
 RANK_MODULE = "murmur.node.lab.sync_rank"  # what the ranks' fork server preloads
 STORE_PORT = 29500  # over links: rank 0's namespace is new and empty, so a fixed port is free there
@@ -137,8 +138,8 @@ def run_sync(
     ends all ranks and raises `RankFailed` with the rank's traceback. `lr_scale`
     multiplies the task's learning rate; `local_steps`, `outer_lr` and `outer_momentum`
     configure mode `diloco` (see `murmur.node.lab.sync_rank`). With `links` (one namespace per rank, from
-    `murmur.node.lab.links.peer_links`) rank r runs in `links[r]` as its own program, its log and result
-    files under `work_dir` (required then).
+    `murmur.node.lab.links.peer_links`) rank r runs in `links[r]`, its log and result files under
+    `work_dir` (required then).
 
     Returns {"method", "task", "mode", "metric", "slowdowns", "step_time_ms", "target",
     "curve": [{"t", "samples", <metrics>...}], "time_to_target", "samples_per_s",
@@ -194,23 +195,20 @@ def _run_forked(cfg: Config, store: dist.TCPStore, deadline: float) -> dict[int,
 
 
 def _run_in_namespaces(cfg: Config, links: Sequence[Netns], work_dir: Path, deadline: float) -> dict[int, dict[str, Any]]:
-    """Rank r as `python -m murmur.node.lab.sync_rank` in namespace `links[r]`; their outputs by rank.
+    """Rank r forked into namespace `links[r]` (`_rank_over_link`); their outputs by rank.
 
     Raises `RankFailed` (with the rank's traceback, or its log's tail) when a rank fails or at `deadline`;
     every rank is ended by PID either way.
     """
     work_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": LINK_DEVICE}
-    config = json.dumps(asdict(cfg))
     outs = [work_dir / f"rank{r}.json" for r in range(len(links))]
-    procs: list[subprocess.Popen] = []
+    procs: list[ForkedProcess] = []
     try:
         for r, ns in enumerate(links):
             for stale in (outs[r], Path(f"{outs[r]}.error")):
                 stale.unlink(missing_ok=True)
-            with (work_dir / f"rank{r}.log").open("w") as log:
-                procs.append(ns.popen([sys.executable, "-m", RANK_MODULE, "--rank", str(r), "--config", config, "--out", str(outs[r])],
-                                      stdout=log, stderr=subprocess.STDOUT, env=env))
+            procs.append(ns.adopt(ForkedProcess(_rank_over_link, (r, cfg, str(outs[r])), work_dir / f"rank{r}.log",
+                                                netns=ns.name, name=f"sync-rank{r}")))
         while any(p.poll() is None for p in procs):
             failed = next((r for r, p in enumerate(procs) if p.returncode not in (None, 0)), None)
             if failed is not None:
@@ -227,6 +225,12 @@ def _run_in_namespaces(cfg: Config, links: Sequence[Netns], work_dir: Path, dead
             _stop_rank(p)
 
 
+def _rank_over_link(rank: int, cfg: Config, out: str) -> None:
+    """A rank inside its namespace: gloo binds to the capped veth, not to loopback."""
+    os.environ["GLOO_SOCKET_IFNAME"] = LINK_DEVICE
+    run_rank(rank, cfg, out)
+
+
 def _failure(work_dir: Path, out: Path, rank: int) -> str:
     """A failed rank's traceback, or else the tail of its log."""
     error = Path(f"{out}.error")
@@ -236,7 +240,7 @@ def _failure(work_dir: Path, out: Path, rank: int) -> str:
     return log.read_text()[-2000:] if log.exists() else "(no log)"
 
 
-def _stop_rank(proc: subprocess.Popen) -> None:
+def _stop_rank(proc: ForkedProcess) -> None:
     """Terminate a rank by PID if it still runs; kill it after 5 s."""
     if proc.poll() is None:
         proc.terminate()

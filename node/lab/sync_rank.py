@@ -32,7 +32,6 @@ This module is what the ranks' fork server preloads: it imports torch, the tasks
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import math
@@ -294,8 +293,8 @@ def train(rank: int, cfg: Config) -> dict[str, Any]:
 
 
 def run_rank(rank: int, cfg: Config, out: str) -> None:
-    """Process entry point for a rank started as its own program (in a network namespace): train, write
-    its result as JSON to `out` (or its traceback to `out` + ".error"), then exit 0 (or 1)."""
+    """Process entry point for a rank in its own network namespace: train, write its result as JSON
+    to `out` (or its traceback to `out` + ".error"), then exit 0 (or 1)."""
     try:
         result = train(rank, cfg)
         with open(out + ".tmp", "w") as f:
@@ -326,23 +325,3 @@ def worker(rank: int, cfg: Config, results: Any) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`python -m murmur.node.lab.sync_rank --rank R --config JSON --out FILE`: one rank, started by `run_sync` over links."""
-    parser = argparse.ArgumentParser(description="One rank of the synchronous baseline (started by murmur.node.lab.sync_baseline).")
-    parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--config", required=True, help="the run's Config as JSON")
-    parser.add_argument("--out", required=True, help="write the rank's result JSON here")
-    args = parser.parse_args(argv)
-    run_rank(args.rank, config_from_json(args.config), args.out)
-
-
-def config_from_json(text: str) -> Config:
-    """The `Config` that `json.dumps(asdict(config))` wrote (JSON has no tuples); raises TypeError on unknown fields."""
-    fields = json.loads(text)
-    return Config(**{**fields, "slowdowns": tuple(fields["slowdowns"])})
-
-
-if __name__ == "__main__":
-    main()
