@@ -143,8 +143,6 @@ class _Exited:
     def wait(self, timeout: float | None = None) -> int:
         return 1
 
-    def terminate(self) -> None: ...
-
     def kill(self) -> None: ...
 
 

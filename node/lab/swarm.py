@@ -73,7 +73,7 @@ class ForkedProcess:
     for its starter), with its output in `log_path`, no `MURMUR_*` settings and, given
     `netns`, inside that network namespace (`murmur.node.lab.netns.enter_namespace`). It is
     ready in about a second instead of the several a fresh interpreter spends importing
-    torch. Popen-like (`pid`, `poll`, `wait`, `kill`, `terminate`, `returncode`), so
+    torch. Popen-like (`pid`, `poll`, `wait`, `kill`, `returncode`), so
     `stop_processes` and a namespace's teardown stop it by PID.
     """
 
@@ -99,9 +99,6 @@ class ForkedProcess:
         if self._process.exitcode is None:
             raise subprocess.TimeoutExpired(self._process.name, timeout or 0.0)
         return self._process.exitcode
-
-    def terminate(self) -> None:
-        self._process.terminate()
 
     def kill(self) -> None:
         self._process.kill()
@@ -194,7 +191,7 @@ def start_swarm(root: Path, slowdowns: list[float], extra: list[str], *, fork: b
     return peers
 
 
-def stop_processes(processes: list[subprocess.Popen] | list[ForkedPeer], timeout: float = 15.0) -> list[int | None]:
+def stop_processes(processes: list[subprocess.Popen] | list[ForkedProcess], timeout: float = 15.0) -> list[int | None]:
     """SIGTERM every process by PID, wait up to `timeout` in all, SIGKILL stragglers; return exit codes."""
     for process in processes:
         if process.poll() is None:

@@ -43,7 +43,6 @@ import argparse
 import json
 import os
 import queue
-import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -56,7 +55,7 @@ import torch.multiprocessing as mp
 
 from murmur.node.lab.links import LINK_DEVICE
 from murmur.node.lab.netns import Netns
-from murmur.node.lab.swarm import ForkedProcess
+from murmur.node.lab.swarm import ForkedProcess, stop_processes
 from murmur.node.lab.sync_rank import HOST, MODES, Config, meets, run_rank, worker
 
 RANK_MODULE = "murmur.node.lab.sync_rank"  # what the ranks' fork server preloads
@@ -221,8 +220,7 @@ def _run_in_namespaces(cfg: Config, links: Sequence[Netns], work_dir: Path, dead
             raise RankFailed(f"rank {failed} failed:\n{_failure(work_dir, outs[failed], failed)}")
         return {r: json.loads(outs[r].read_text()) for r in range(len(procs))}
     finally:
-        for p in procs:
-            _stop_rank(p)
+        stop_processes(procs, timeout=5)
 
 
 def _rank_over_link(rank: int, cfg: Config, out: str) -> None:
@@ -238,17 +236,6 @@ def _failure(work_dir: Path, out: Path, rank: int) -> str:
         return error.read_text()
     log = work_dir / f"rank{rank}.log"
     return log.read_text()[-2000:] if log.exists() else "(no log)"
-
-
-def _stop_rank(proc: ForkedProcess) -> None:
-    """Terminate a rank by PID if it still runs; kill it after 5 s."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
 
 
 def _result(cfg: Config, outputs: dict[int, dict[str, Any]], begin: float) -> dict[str, Any]:
