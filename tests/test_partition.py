@@ -65,7 +65,7 @@ async def test_partition_heals_and_consensus_distance_falls(tmp_path: Path) -> N
 
         for transport in transports:
             transport.blocked = set()
-        await wait_until(lambda: all(len(n.table.members) == 3 for n in nodes), 60)  # dormant peers redialed
+        await wait_until(lambda: all(len(n.table.members) == 3 for n in nodes), 30)  # dormant peers redialed
         # Merges across the healed cut pull the halves together; how fast depends on the
         # machine's load (four nodes share one process), so wait for it, boundedly.
         healed = float("inf")

@@ -186,8 +186,21 @@ def test_contact_resets_the_backoff() -> None:
     table.dial_failed("b", now=0.0)
     table.observe("b", _addr("b"), now=0.5)
     assert table.may_dial("b", now=0.5)
+    table.forget("b")
     table.dial_failed("b", now=1.0, base_delay=1.0)
     assert _waits(table, "b", 1.0, 1.0)  # starts again from the base delay
+
+
+def test_failed_greets_of_a_member_leave_it_to_the_liveness_timeout() -> None:
+    """A partition fails every greet of a member; backoff starts only once it goes dormant."""
+    table = _table()
+    table.observe("b", _addr("b"), now=0.0)
+    for i in range(10):
+        table.dial_failed("b", now=float(i))
+        assert table.may_dial("b", now=float(i))
+    assert table.expire(now=TIMEOUT + 1.0) == ["b"]
+    assert _waits(table, "b", TIMEOUT + 1.0, 1.0)
+    assert table.dormant == {"b": _addr("b")}
 
 
 # --- partner selection ------------------------------------------------------------
@@ -259,6 +272,14 @@ def test_to_contact_skips_candidates_in_backoff() -> None:
     table.rumour([PeerRecord("c1", _addr("c1")), PeerRecord("c2", _addr("c2"))])
     assert [p for p, _ in table.to_contact(now=1.0, limit=5)] == ["c2"]
     assert [p for p, _ in table.to_contact(now=5.0, limit=5)] == ["c1", "c2"]
+
+
+def test_to_contact_greets_a_dormant_peer_that_is_also_rumoured_once() -> None:
+    table = _table()
+    table.observe("d", _addr("d"), now=0.0)
+    table.expire(now=TIMEOUT + 1.0)
+    table.rumour([PeerRecord("d", ["/dns/moved/tcp/4001"])])
+    assert table.to_contact(now=TIMEOUT + 2.0, limit=5) == [("d", ["/dns/moved/tcp/4001"])]
 
 
 # --- records for hello ----------------------------------------------------------------

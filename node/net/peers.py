@@ -104,8 +104,13 @@ class PeerTable:
     def dial_failed(self, peer_id: str, now: float, base_delay: float = 1.0, max_delay: float = 60.0) -> None:
         """Back off from `peer_id`: each consecutive failure doubles the wait.
 
-        A dormant peer whose wait reaches `max_delay` is forgotten.
+        A dormant peer whose wait reaches `max_delay` is forgotten. A member's failures do
+        not count: the liveness timeout judges members, and backoff starts when it goes
+        dormant (counting every failed greet of a member in a partition used to push its
+        backoff to the cap within seconds, so the healed halves never redialed each other).
         """
+        if peer_id in self.members:
+            return
         self.candidates.pop(peer_id, None)
         previous = self._backoff.get(peer_id)
         delay = min(max_delay, previous.delay * 2) if previous else base_delay
@@ -139,8 +144,10 @@ class PeerTable:
 
     def to_contact(self, now: float, limit: int) -> list[tuple[str, list[str]]]:
         """Whom to greet this round: candidates, then dormant peers (both past their backoff), then the stalest members."""
-        waiting = list(self.candidates.items()) + list(self.dormant.items())
-        picks = [(p, a) for p, a in waiting if self.may_dial(p, now)][:limit]
+        waiting = dict(self.candidates)
+        for peer_id, addrs in self.dormant.items():  # a dormant peer also rumoured is greeted once
+            waiting.setdefault(peer_id, addrs)
+        picks = [(p, a) for p, a in waiting.items() if self.may_dial(p, now)][:limit]
         stale = sorted(self.members.values(), key=lambda e: e.last_seen)
         picks += [(e.peer_id, e.addrs) for e in stale[: max(0, limit - len(picks))]]
         return picks
