@@ -39,25 +39,45 @@ def test_metric_at_equal_samples_interpolates_between_evaluations() -> None:
     assert _at_samples(run, "loss", 3001) is None  # beyond the run: never extrapolated
 
 
+def _run(task: str, method: str, samples_per_s: float, curve: list[tuple[int, float]]) -> dict:
+    metric = {"digits": "accuracy", "charlm": "loss"}[task]
+    return {"task": task, "mix": "headline", "seed": 0, "method": method, "samples_per_s": samples_per_s,
+            "time_to_target": 2.0, "peers": [{"idle_fraction": 0.1}],
+            "curve": [{"t": float(i), "samples": s, metric: m} for i, (s, m) in enumerate(curve)]}
+
+
 def test_rescore_scores_stored_runs_again_and_redraws_the_table(tmp_path: Path) -> None:
     from murmur.node.lab.bench_report import rescore
 
-    def run(method: str, samples_per_s: float, curve: list[tuple[int, float]]) -> dict:
-        return {"task": "digits", "mix": "headline", "seed": 0, "method": method, "samples_per_s": samples_per_s,
-                "time_to_target": 2.0, "peers": [{"idle_fraction": 0.1}],
-                "curve": [{"t": float(i), "samples": s, "accuracy": a} for i, (s, a) in enumerate(curve)]}
-
     stored = {"config": {}, "wall_s": 60.0, "results": [
-        run("ideal", 400.0, [(0, 0.1), (400, 0.5)]),
-        run("sync-equal", 100.0, [(0, 0.1), (100, 0.9), (200, 0.96)]),
-        run("murmur-work", 300.0, [(0, 0.1), (300, 0.98)]),
+        _run("charlm", "ideal", 400.0, [(0, 5.0), (400, 4.0)]),
+        _run("charlm", "sync-equal", 100.0, [(0, 5.0), (100, 3.0), (200, 2.4)]),
+        _run("charlm", "murmur-work", 300.0, [(0, 5.0), (300, 2.0)]),
     ]}
     (tmp_path / "old.json").write_text(json.dumps(stored))
     rescore(tmp_path / "old.json", tmp_path / "new")
     results = {r["method"]: r for r in json.loads((tmp_path / "new" / "results.json").read_text())["results"]}
     assert results["murmur-work"]["pct_of_ideal"] == pytest.approx(0.75)
-    assert results["murmur-work"]["metric_at_equal_samples"] == pytest.approx(0.1 + 0.88 * 200 / 300)
-    assert "| digits | headline | murmur-work |" in (tmp_path / "new" / "summary.md").read_text()
+    # charlm has no fixed budget: every method is read where sync-equal stopped (200 samples)
+    assert results["murmur-work"]["metric_at_equal_samples"] == pytest.approx(5.0 - 3.0 * 200 / 300)
+    assert "| charlm | headline | murmur-work |" in (tmp_path / "new" / "summary.md").read_text()
+
+
+def test_a_task_with_a_fixed_budget_reads_every_method_there_not_where_sync_equal_crossed() -> None:
+    from murmur.node.lab.bench_config import TASKS
+    from murmur.node.lab.bench_report import score
+
+    budget = TASKS["digits"]["equal_samples"]
+    group = score([
+        _run("digits", "ideal", 400.0, [(0, 0.1), (400, 0.5)]),
+        _run("digits", "sync-equal", 100.0, [(0, 0.1), (budget - 240, 0.96), (budget + 760, 0.94)]),
+        _run("digits", "murmur", 300.0, [(0, 0.1), (2 * budget, 0.98)]),
+        _run("digits", "diloco", 300.0, [(0, 0.1), (budget // 2, 0.9)]),  # stopped short of the budget
+    ])
+    at = {g["method"]: g["metric_at_equal_samples"] for g in group}
+    assert at["sync-equal"] == pytest.approx(0.96 - 0.02 * 240 / 1000)
+    assert at["murmur"] == pytest.approx(0.1 + 0.88 / 2)
+    assert at["diloco"] is None and at["ideal"] is None
 
 
 def test_swarm_peers_are_started_with_one_torch_thread_each(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -108,6 +108,14 @@ def test_proportional_mode_stops_at_target(proportional_run: dict[str, Any], equ
     assert max(p["idle_fraction"] for p in r["peers"]) < equal_run["peers"][0]["idle_fraction"]
 
 
+def test_a_sample_budget_keeps_the_ranks_training_past_the_target() -> None:
+    r = sb.run_sync("digits", SLOWDOWNS, "proportional", DURATION, STEP_MS, 0.3, 0.25, seed=1, min_samples=4_000)
+    *before, last = r["curve"]
+    assert last["accuracy"] >= 0.3 and last["samples"] >= 4_000
+    assert r["time_to_target"] < last["t"] < DURATION  # it met the target earlier and went on, then stopped
+    assert before[-1]["samples"] < 4_000  # at the first evaluation past the budget
+
+
 def test_rank_failure_ends_every_rank() -> None:
     start = time.monotonic()
     with pytest.raises(sb.RankFailed, match="boom from the failing task"):

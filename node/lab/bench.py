@@ -143,7 +143,8 @@ def run_murmur(
         while time.time() < deadline and any(p.poll() is None for p in procs):
             time.sleep(0.5)
             grid = _median_curve(dirs, spec["metric"], start_at, _grid_s(spec))
-            if method != "ideal" and grid and _reached(grid[-1]["value"], spec["target"], spec["higher"]):
+            if method != "ideal" and grid and _reached(grid[-1]["value"], spec["target"], spec["higher"]) \
+                    and grid[-1]["samples"] >= spec.get("equal_samples", 0):
                 time.sleep(1.0)  # one more grid point, then stop everyone
                 break
     finally:
@@ -262,7 +263,8 @@ def run_method(
         else:  # the synchronous baselines: their ranks run one thread each, like the peers
             mode = "diloco" if method == "diloco" else method.removeprefix("sync-")
             result = run_sync(task, slowdowns, mode, max_s, spec["step_time"], spec["target"], spec.get("eval_every", 1.0),
-                              seed=seed, lr_scale=scale, local_steps=spec["local_steps"], links=links, work_dir=root)
+                              seed=seed, lr_scale=scale, local_steps=spec["local_steps"], min_samples=spec.get("equal_samples", 0),
+                              links=links, work_dir=root)
     result["lr_scale"] = scale
     result["lr"] = base_lr(task) * scale  # as trained: a later change to the task's rate leaves the record right
     result["link_mbit"] = link_mbit

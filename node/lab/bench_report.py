@@ -27,11 +27,13 @@ def score(group: list[dict]) -> list[dict]:
     """Add % of ideal and the metric at equal samples to one task, seed and mix's runs (ideal first)."""
     metric = TASKS[group[0]["task"]]["metric"]
     ideal = next(g["samples_per_s"] for g in group if g["method"] == "ideal")
-    # Equal samples: as many as sync-equal needed to reach its target (a method that stopped before has none);
-    # in a sweep, the best-tuned sync-equal's.
-    syncs = [g for g in group if g["method"] == "sync-equal" and g["curve"]]
-    best = min(syncs, key=lambda g: g.get("time_to_target") or float("inf"), default=None)
-    budget = best["curve"][-1]["samples"] if best else None
+    # Equal samples: the task's fixed `equal_samples`, which every run trains past; else as many as sync-equal
+    # needed to reach its target (in a sweep, the best-tuned sync-equal's; a method that stopped before has none).
+    budget = TASKS[group[0]["task"]].get("equal_samples")
+    if budget is None:
+        syncs = [g for g in group if g["method"] == "sync-equal" and g["curve"]]
+        best = min(syncs, key=lambda g: g.get("time_to_target") or float("inf"), default=None)
+        budget = best["curve"][-1]["samples"] if best else None
     for g in group:
         g.setdefault("label", g["method"])
         g["pct_of_ideal"] = g["samples_per_s"] / ideal if ideal else None

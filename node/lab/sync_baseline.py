@@ -24,7 +24,8 @@ Clock: start-up (process start, group init, model build, the t=0 evaluation) is 
 every rank starts its clock when it leaves a barrier that all ranks reach once ready.
 Rank 0 evaluates the held-out metric on a grid of `eval_every` seconds of training
 time; evaluation pauses every rank's clock. Training ends on every rank after the same
-step: once rank 0's training time reaches `duration`, or once the target metric is reached.
+step: once rank 0's training time reaches `duration`, or once the target metric is reached
+(and `min_samples` trained).
 
 Over slow links (`run_sync(..., links=...)`, from `murmur bench --link-mbit`) each rank runs in its own
 network namespace (`murmur.node.lab.links`): forked from the preloaded server like the peers, it enters the
@@ -125,13 +126,14 @@ def run_sync(
     local_steps: int = 16,
     outer_lr: float = 0.7,
     outer_momentum: float = 0.9,
+    min_samples: int = 0,
     links: Sequence[Netns] | None = None,
     work_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Train `task_name` synchronously on len(slowdowns) ranks; return the results dict.
 
     Trains for `duration` seconds of training time (start-up and evaluation excluded)
-    or until the held-out metric reaches `target`. `seed` shifts every rank's data
+    or until the held-out metric reaches `target` with at least `min_samples` trained. `seed` shifts every rank's data
     shard (rank + 1000 * seed). Collectives time out after `pg_timeout_s`; the whole
     run is abandoned after `timeout_s` (default 600 + 2 * duration). Any rank failure
     ends all ranks and raises `RankFailed` with the rank's traceback. `lr_scale`
@@ -159,7 +161,7 @@ def run_sync(
     cfg = Config(
         task_name, tuple(float(s) for s in slowdowns), mode, float(duration), step_time_ms, target,
         float(eval_every), int(seed), store.port if store else STORE_PORT, float(pg_timeout_s), float(lr_scale),
-        int(local_steps), float(outer_lr), float(outer_momentum),
+        int(local_steps), float(outer_lr), float(outer_momentum), int(min_samples),
         **({"store_host": links[0].address, "store_on_rank0": True} if links is not None else {}),
     )  # fmt: skip
     deadline = begin + (timeout_s if timeout_s is not None else 600 + 2 * duration)

@@ -23,7 +23,7 @@ Clock: each rank starts it when it leaves a barrier that all ranks reach once re
 the all-reduce (waiting for the slowest rank included). Rank 0 owns the clock: before
 a step's all-reduce it says whether an evaluation is due or training should stop.
 After that step every rank stops its clock, rank 0 evaluates, and a one-element
-broadcast from rank 0 (carrying "target reached") ends the pause for everyone; the
+broadcast from rank 0 (carrying "done": target reached, with enough samples) ends the pause for everyone; the
 paused interval is subtracted from each rank's wall time.
 
 This module is what the ranks' fork server preloads: it imports torch, the tasks and
@@ -72,6 +72,7 @@ class Config:
     local_steps: int = 16  # diloco: inner steps between syncs
     outer_lr: float = 0.7  # diloco's outer Nesterov step
     outer_momentum: float = 0.9
+    min_samples: int = 0  # train past the target until this many samples (where the bench compares every method)
     # Where the rendezvous store listens. On loopback the parent hosts it; over slow links each rank has its own
     # network namespace, which the parent is not in, so rank 0 hosts it on its namespace's address.
     store_host: str = HOST
@@ -248,18 +249,19 @@ def train(rank: int, cfg: Config) -> dict[str, Any]:
         comm_s += t2 - t1
 
         if eval_due:  # every rank pauses its clock; rank 0 evaluates
-            reached = torch.zeros(1)
+            done = torch.zeros(1)
             if rank == 0:
                 t_eval = t3 - clock_start - paused  # the clock stopped at t3
                 point = {"t": t_eval, "samples": steps * step_samples, **task.evaluate(model)}
                 curve.append(point)
-                if cfg.target is not None and meets(point[metric.name], cfg.target, metric.higher_is_better):
-                    reached[0] = 1.0
+                met = cfg.target is not None and meets(point[metric.name], cfg.target, metric.higher_is_better)
+                if met and point["samples"] >= cfg.min_samples:
+                    done[0] = 1.0
                 while next_eval <= t_eval:  # next point of the grid
                     next_eval += cfg.eval_every
-            dist.broadcast(reached, src=0)  # also the end of the pause for the other ranks
+            dist.broadcast(done, src=0)  # also the end of the pause for the other ranks
             paused += time.monotonic() - t3
-            stop = stop or reached.item() > 0
+            stop = stop or done.item() > 0
         if stop:
             break
 
