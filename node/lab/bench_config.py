@@ -46,6 +46,7 @@ MURMUR_ARGS = {
     "murmur-avg-state": ["--merge", "average", "--weighting", "work", "--optimizer-state", "average"],
     "murmur-outer": ["--merge", "outer", "--weighting", "work", "--optimizer-state", "average"],
     "murmur-link-speed": ["--partners", "link-speed"],
+    "murmur-share-0.05": ["--exchange-share", "0.05"],
     "murmur-share-0.25": ["--exchange-share", "0.25"],
     "murmur-share-0.5": ["--exchange-share", "0.5"],
     "murmur-fp16": ["--wire-dtype", "float16"],

@@ -19,6 +19,9 @@ Variants (comma-separated; `*LR` multiplies the task's learning rate, e.g. `aver
                         one outer Nesterov step (synchronous DiLoCo; per sample, speeds do not matter)
   ...+adam-avg          the pair also averages Adam's moments (`+adam-avg1`: only the first, exp_avg);
                         `+adam-reset` restarts them after a merge
+
+`--lag L` makes each merge take L steps of the fastest peer, as a real exchange does: the pair
+snapshots at its start, keeps stepping, and applies it at its end (`--lag 0`: instant).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import torch
 from murmur.node.learn.rules import DISCOUNT, make_rule
 from murmur.node.learn.step import scale_learning_rate, train_step
 from murmur.node.learn.tasks import Task
-from murmur.node.learn.trainer import Trainer
+from murmur.node.learn.trainer import Snapshot, Trainer
 
 
 @dataclass(frozen=True)
@@ -124,9 +127,10 @@ def run_diloco(task: Task, variant: Variant, peers: int, samples: int, eval_ever
     return curve
 
 
-def _merge(a: Trainer, b: Trainer, adam: str) -> None:
-    """Both sides of one exchange, as two averagers would apply it (no screening: honest peers)."""
-    snap_a, snap_b = a.snapshot(), b.snapshot()
+def _merge(a: Trainer, b: Trainer, adam: str, snapshots: tuple[Snapshot, Snapshot] | None = None) -> None:
+    """Both sides of one exchange, as two averagers would apply it (no screening: honest peers),
+    from `snapshots` taken when it began (default: now)."""
+    snap_a, snap_b = snapshots or (a.snapshot(), b.snapshot())
     for trainer, local, remote in ((a, snap_a, snap_b), (b, snap_b, snap_a)):
         decision = trainer.rule.decide(local.weight, remote.weight, (local.fresh, remote.fresh))
         trainer.merge(local, remote.state, decision.remote_share, decision.weight_after)
@@ -135,10 +139,16 @@ def _merge(a: Trainer, b: Trainer, adam: str) -> None:
 
 
 def run_gossip(
-    task: Task, variant: Variant, slowdowns: list[float], samples: int, eval_every: int, seed: int, period: float
+    task: Task, variant: Variant, slowdowns: list[float], samples: int, eval_every: int, seed: int, period: float,
+    lag: float = 0.0,
 ) -> Curve:
     """Peers stepping at speeds 1/slowdown; each starts a merge with a random partner every `period`
-    (time unit: a step of the fastest peer). Returns the median peer's metric against total samples."""
+    (time unit: a step of the fastest peer). Returns the median peer's metric against total samples.
+
+    With `lag` > 0 a merge takes that long, as a real exchange does: both sides snapshot at its
+    start, keep stepping, and apply it at its end; a merge that would involve a peer already in
+    one is skipped (a busy answer).
+    """
     rng = random.Random(seed)
     trainers = []
     for i in range(len(slowdowns)):
@@ -152,21 +162,31 @@ def run_gossip(
         scale_learning_rate(trainer.optimizer, variant.lr_scale)
         trainers.append(trainer)
     fastest = min(slowdowns)
-    # (time, kind, peer): kind 0 = a step ends, 1 = the peer starts a merge; ties resolve steps first.
-    events = [(s / fastest, 0, i) for i, s in enumerate(slowdowns)]
-    events += [(period * (i + 1) / len(slowdowns), 1, i) for i in range(len(slowdowns))]
+    # (time, kind, peer, merge): kind 0 = a step ends, 1 = the peer starts a merge, 2 = its merge (partner,
+    # snapshots) ends; ties resolve steps first. A peer is in at most one merge, so `merge` is never compared.
+    events: list[tuple] = [(s / fastest, 0, i, None) for i, s in enumerate(slowdowns)]
+    events += [(period * (i + 1) / len(slowdowns), 1, i, None) for i in range(len(slowdowns))]
     heapq.heapify(events)
+    in_merge: set[int] = set()
     curve, done, next_eval = Curve(), 0, eval_every
     while done < samples:
-        t, kind, i = heapq.heappop(events)
+        t, kind, i, merge = heapq.heappop(events)
         if kind == 0:
             trainers[i].step()
             done += task.batch_size
-            heapq.heappush(events, (t + slowdowns[i] / fastest, 0, i))
-        else:
+            heapq.heappush(events, (t + slowdowns[i] / fastest, 0, i, None))
+        elif kind == 1:
             partner = rng.choice([j for j in range(len(trainers)) if j != i])
-            _merge(trainers[i], trainers[partner], variant.adam)
-            heapq.heappush(events, (t + period, 1, i))
+            heapq.heappush(events, (t + period, 1, i, None))
+            if not lag:
+                _merge(trainers[i], trainers[partner], variant.adam)
+            elif not in_merge & {i, partner}:
+                in_merge |= {i, partner}
+                heapq.heappush(events, (t + lag, 2, i, (partner, (trainers[i].snapshot(), trainers[partner].snapshot()))))
+        else:
+            partner, snapshots = merge
+            _merge(trainers[i], trainers[partner], variant.adam, snapshots)
+            in_merge -= {i, partner}
         if done >= next_eval or done >= samples:
             curve.samples.append(done)
             curve.metric.append(statistics.median(tr.evaluate().metrics[task.metric.name] for tr in trainers))
@@ -188,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-every", type=int, default=2048, help="samples between evaluations")
     parser.add_argument("--slowdowns", default="1,1,2,4")
     parser.add_argument("--period", type=float, default=4.0, help="steps of the fastest peer between a peer's merges")
+    parser.add_argument("--lag", type=float, default=0.0, help="steps of the fastest peer a merge takes (0: instant)")
     parser.add_argument("--variants", default="sync,average,outer:0.7:0.9")
     parser.add_argument("--target", type=float, default=None, help="report samples to reach this metric")
     parser.add_argument("--seeds", type=int, default=3)
@@ -206,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             elif variant.merge == "diloco":
                 curve = run_diloco(task, variant, len(slowdowns), args.samples, args.eval_every, seed)
             else:
-                curve = run_gossip(task, variant, slowdowns, args.samples, args.eval_every, seed, args.period)
+                curve = run_gossip(task, variant, slowdowns, args.samples, args.eval_every, seed, args.period, args.lag)
             row = {"variant": variant.name, "seed": seed, "samples": curve.samples, "metric": curve.metric,
                    "final": curve.metric[-1], "wall_s": round(time.monotonic() - began, 1)}
             if args.target is not None:
@@ -215,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({k: v for k, v in row.items() if k not in ("samples", "metric")}), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
-    print(f"\n{task.name}, slowdowns {args.slowdowns}, period {args.period:g}, {args.samples} samples, medians over {args.seeds} seeds:")
+    print(f"\n{task.name}, slowdowns {args.slowdowns}, period {args.period:g}, lag {args.lag:g}, {args.samples} samples, medians over {args.seeds} seeds:")
     print("| variant | final " + task.metric.name + " | samples to target |")
     for variant in variants:
         mine = [r for r in rows if r["variant"] == variant.name]
