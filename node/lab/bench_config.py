@@ -12,14 +12,11 @@ MIXES = {
 # `eval_every`: seconds between held-out evaluations (default 1); `equal_samples`: where every method's metric is
 # compared (all train past it), by default where sync-equal reached the target.
 TASKS = {
-    # digits' spec fixes SGD at lr 0.05 (momentum 0.9). On a grid ending at ×2 the sweep (2 seeds) found ×2 best
-    # for both; extended to ×8 it found ×8 best for sync-equal and ×4 for murmur (a ×16 probe was worse for both).
-    # The synchronous baselines train at sync-equal's rate, the Murmur rows at murmur's.
-    # Runs reach the target in 2-7 s, so every method evaluates (a few ms) every 0.25 s: on a 1 s grid the metric
-    # at equal samples was read off a straight line between points 4,000-6,000 samples apart. Accuracy on the 360
-    # held-out images swings by ~1 point between evaluations, so sync-equal stopped where a high swing first crossed
-    # 0.95 and read ~0.5-1 point high there (sync-proportional, which learns alike per sample, read as low as Murmur):
-    # every method now trains past 10,240 samples (sync-equal crosses 0.95 at 7,900-9,700) and is read there.
+    # digits' spec fixes SGD at lr 0.05 (momentum 0.9); the sweep (2 seeds, ×0.25-×8) found ×8 best for sync-equal
+    # and ×4 for murmur (a ×16 probe was worse for both); the synchronous baselines train at sync-equal's rate.
+    # Runs last 2-10 s, so every method evaluates (a few ms) every 0.25 s. Accuracy on the 360 held-out images swings
+    # by ~1 point between evaluations, so sync-equal, read where it first crossed 0.95, read high there: every method
+    # trains past 10,240 samples and is read at that count.
     "digits": {"step_time": 20.0, "target": 0.95, "metric": "accuracy", "higher": True, "max_s": 120.0,
                "lr_scale": {**dict.fromkeys(["sync-equal", "sync-proportional", "diloco"], 8.0),
                             **dict.fromkeys(["murmur-uniform", "murmur-work", "murmur"], 4.0)},

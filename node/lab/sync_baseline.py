@@ -133,8 +133,8 @@ def run_sync(
     """Train `task_name` synchronously on len(slowdowns) ranks; return the results dict.
 
     Trains for `duration` seconds of training time (start-up and evaluation excluded)
-    or until the held-out metric reaches `target` with at least `min_samples` trained. `seed` shifts every rank's data
-    shard (rank + 1000 * seed). Collectives time out after `pg_timeout_s`; the whole
+    or until the held-out metric reaches `target` with at least `min_samples` trained.
+    `seed` shifts every rank's data shard (rank + 1000 * seed). Collectives time out after `pg_timeout_s`; the whole
     run is abandoned after `timeout_s` (default 600 + 2 * duration). Any rank failure
     ends all ranks and raises `RankFailed` with the rank's traceback. `lr_scale`
     multiplies the task's learning rate; `local_steps`, `outer_lr` and `outer_momentum`

@@ -23,8 +23,8 @@ Clock: each rank starts it when it leaves a barrier that all ranks reach once re
 the all-reduce (waiting for the slowest rank included). Rank 0 owns the clock: before
 a step's all-reduce it says whether an evaluation is due or training should stop.
 After that step every rank stops its clock, rank 0 evaluates, and a one-element
-broadcast from rank 0 (carrying "done": target reached, with enough samples) ends the pause for everyone; the
-paused interval is subtracted from each rank's wall time.
+broadcast from rank 0 (carrying "done": the target reached, with `min_samples` trained)
+ends the pause for everyone; the paused interval is subtracted from each rank's wall time.
 
 This module is what the ranks' fork server preloads: it imports torch, the tasks and
 `train_step`, nothing of the network.
