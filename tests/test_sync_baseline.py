@@ -109,7 +109,7 @@ def test_proportional_mode_stops_at_target(proportional_run: dict[str, Any], equ
 
 
 def test_a_sample_budget_keeps_the_ranks_training_past_the_target() -> None:
-    r = sb.run_sync("digits", SLOWDOWNS, "proportional", DURATION, STEP_MS, 0.3, 0.25, seed=1, min_samples=4_000)
+    r = sb.run_sync("digits", SLOWDOWNS, "proportional", DURATION, STEP_MS, 0.3, eval_every=0.25, seed=1, min_samples=4_000)
     *before, last = r["curve"]
     assert last["accuracy"] >= 0.3 and last["samples"] >= 4_000
     assert r["time_to_target"] < last["t"] < DURATION  # it met the target earlier and went on, then stopped
