@@ -97,6 +97,7 @@ def test_every_run_option_is_explained_and_configurable(parser: argparse.Argumen
         ("task = true\n", {}, r"key 'task': --task takes one number or string, got True"),
         ("max-connections = 2.5\n", {}, r"key 'max-connections': invalid value 2.5 for --max-connections"),
         ("exchange-share = 1.5\n", {}, r"key 'exchange-share': invalid value 1.5 for --exchange-share: 1.5 is not a fraction"),
+        ("ema-decay = 1\n", {}, r"key 'ema-decay': invalid value 1 for --ema-decay: 1.0 is not a decay in \[0, 1\)"),
         ("listen = 5\n", {}, r"key 'listen': --listen takes a list"),
         ("duration = [1, 2]\n", {}, r"key 'duration': --duration takes one number or string"),
         (
@@ -230,6 +231,7 @@ swarm-secret-file = "/data/secret"
 wire-dtype = "bfloat16"
 optimizer-state = "average"
 lr-scale = 0.5
+ema-decay = 0.5
 max-connections = 100
 start-at = 1700000000
 start-file = "/data/start"
@@ -256,7 +258,7 @@ def test_a_murmur_toml_with_every_documented_key_still_loads(tmp_path: Path) -> 
         slowdown=1.5, step_time_ms=20.0, weighting="uniform", merge="outer", outer_lr=0.5, outer_momentum=0.8, average_every=0.2, exchange_share=0.25, exchange_timeout=5.0,
         min_link_mbit=2.5, partners="link-speed", liveness_timeout=12.0, view_size=None, eval_every=2.0, duration=600.0, shard=3, sync_state=False, nat_traversal=False,
         checkpoint_every=60.0, allow_peers=Path("/data/peers.txt"), swarm_secret_file=Path("/data/secret"),
-        wire_dtype="bfloat16", optimizer_state="average", lr_scale=0.5, max_connections=100, start_at=1700000000.0, start_file=Path("/data/start"),
+        wire_dtype="bfloat16", optimizer_state="average", lr_scale=0.5, ema_decay=0.5, max_connections=100, start_at=1700000000.0, start_file=Path("/data/start"),
         metrics_port=9100, metrics_host="0.0.0.0", device="cpu", threads=4,
     )  # fmt: skip
     assert (options.log_level, options.log_format) == ("WARNING", "json")

@@ -116,6 +116,14 @@ def test_a_sample_budget_keeps_the_ranks_training_past_the_target() -> None:
     assert before[-1]["samples"] < 4_000  # at the first evaluation past the budget
 
 
+def test_the_ranks_evaluate_their_weight_average(equal_run: dict[str, Any]) -> None:
+    # An average that all but ignores each step scores (nearly) the initial model all run long.
+    r = sb.run_sync("digits", SLOWDOWNS, "equal", 1.0, STEP_MS, None, eval_every=0.25, ema_decay=0.99999)
+    first, *rest = (p["accuracy"] for p in r["curve"])
+    assert len(rest) >= 2 and all(abs(a - first) < 0.02 for a in rest)
+    assert equal_run["curve"][-1]["accuracy"] > first + 0.3  # while the live model learns
+
+
 def test_rank_failure_ends_every_rank() -> None:
     start = time.monotonic()
     with pytest.raises(sb.RankFailed, match="boom from the failing task"):

@@ -76,6 +76,7 @@ from murmur.node.lab.netns import Netns
 from murmur.node.lab.progress import Progress
 from murmur.node.lab.swarm import FORK_PRELOAD, ONE_THREAD, ForkedPeer, stop_processes
 from murmur.node.lab.sync_baseline import RANK_MODULE, run_sync
+from murmur.node.learn.weight_average import DEFAULT_DECAY
 from murmur.node.ops.node import METRICS_FILE
 from murmur.node.ops.status import StatusUnavailable, load_status
 
@@ -101,7 +102,7 @@ def _reached(value: float, target: float, higher: bool) -> bool:
 
 def run_murmur(
     task: str, slowdowns: list[float], method: str, seed: int, max_s: float, root: Path, lr_scale: float = 1.0,
-    links: list[Netns] | None = None,
+    links: list[Netns] | None = None, ema_decay: float = 0.0,
 ) -> dict[str, Any]:
     """Run one swarm of Murmur `method` (or, with `method="ideal"`, lone peers); return its results.
 
@@ -123,7 +124,8 @@ def run_murmur(
             "run", "--task", task, "--data-dir", str(data_dir), "--listen", f"/ip4/{hosts[i]}/tcp/{ports[i]}",
             "--slowdown", str(slowdown), "--step-time", str(spec["step_time"]), "--duration", str(max_s),
             "--start-file", str(start_file), "--shard", str(1000 * seed + i), "--record-params", "--log-level", "INFO",
-            "--lr-scale", str(lr_scale), "--eval-every", str(spec.get("eval_every", 1.0)), *ONE_THREAD,
+            "--lr-scale", str(lr_scale), "--eval-every", str(spec.get("eval_every", 1.0)), "--ema-decay", str(ema_decay),
+            *ONE_THREAD,
         ]
         if method == "ideal":
             args += ["--average-every", "1e9"]  # alone: no bootstrap, no exchanges
@@ -246,9 +248,11 @@ def _murmur_result(task: str, slowdowns: list[float], method: str, dirs: list[Pa
 
 def run_method(
     task: str, slowdowns: list[float], method: str, seed: int, max_s: float, root: Path, lr_scale: float | None = None,
-    link_mbit: list[float] | None = None,
+    link_mbit: list[float] | None = None, ema_decay: float = 0.0,
 ) -> dict:
     """Run one method (or the ideal) on the task's workload at `lr_scale` (default: the task's chosen scale).
+
+    Every method evaluates a moving average of its weights with `ema_decay` (0: the live model).
 
     With `link_mbit` (one cap per peer) the run gets its own capped namespaces (`murmur.node.lab.links.peer_links`),
     removed when it ends; the result records the caps under "link_mbit" (None on loopback).
@@ -257,15 +261,17 @@ def run_method(
     scale = spec["lr_scale"].get(method, 1.0) if lr_scale is None else lr_scale
     with peer_links(link_mbit) if link_mbit else nullcontext() as links:
         if method == "ideal":
-            result = run_murmur(task, slowdowns, method, seed, max(6.0, 2 * spec.get("eval_every", 1.0)), root, links=links)
+            result = run_murmur(task, slowdowns, method, seed, max(6.0, 2 * spec.get("eval_every", 1.0)), root, links=links,
+                                ema_decay=ema_decay)
         elif method in MURMUR_ARGS:
-            result = run_murmur(task, slowdowns, method, seed, max_s, root, scale, links=links)
+            result = run_murmur(task, slowdowns, method, seed, max_s, root, scale, links=links, ema_decay=ema_decay)
         else:  # the synchronous baselines: their ranks run one thread each, like the peers
             mode = "diloco" if method == "diloco" else method.removeprefix("sync-")
             result = run_sync(task, slowdowns, mode, max_s, spec["step_time"], spec["target"], spec.get("eval_every", 1.0),
                               seed=seed, lr_scale=scale, local_steps=spec["local_steps"], min_samples=spec.get("equal_samples", 0),
-                              links=links, work_dir=root)
+                              ema_decay=ema_decay, links=links, work_dir=root)
     result["lr_scale"] = scale
+    result["ema_decay"] = ema_decay
     result["lr"] = base_lr(task) * scale  # as trained: a later change to the task's rate leaves the record right
     result["link_mbit"] = link_mbit
     return result
@@ -317,7 +323,8 @@ def _bench_task(task: str, config: dict, runs: list, out: Path, progress: Progre
                 print(f"[bench] {task} seed {seed} {mix} {slowdowns}{f' links {caps} Mbit/s' if caps else ''}: {label}", flush=True)
                 progress.start(f"{task} {mix} seed {seed}: {label}")
                 began = time.monotonic()
-                r = run_method(task, slowdowns, method, seed, max_s, out / "runs" / f"{task}-{mix}-s{seed}-{label}", scale, caps)
+                r = run_method(task, slowdowns, method, seed, max_s, out / "runs" / f"{task}-{mix}-s{seed}-{label}", scale, caps,
+                               config.get("ema_decay", DEFAULT_DECAY))
                 r.update(mix=mix, seed=seed, label=label, run_wall_s=time.monotonic() - began)  # start-up and teardown included
                 group.append(r)
                 progress.advance()
@@ -364,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", default=None, metavar="M[@SCALE],…",
                         help=f"run these methods instead (from {[*METHODS, *(m for m in MURMUR_ARGS if m not in METHODS)]}), "
                              "each optionally at a learning-rate scale, e.g. sync-equal@0.5,murmur@2")
+    parser.add_argument("--ema-decay", type=float, default=None, metavar="DECAY",
+                        help=f"every method evaluates a moving average of its weights (default {DEFAULT_DECAY}, `murmur run`'s; "
+                             "0: the live models)")
     parser.add_argument("--max-s", type=float, default=None, metavar="SECONDS",
                         help="stop every run after this long (default: the configuration's per task)")
     parser.add_argument("--rescore", type=Path, default=None, metavar="RESULTS_JSON",
@@ -395,6 +405,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(e))
     if args.seeds:
         config["seeds"] = list(range(args.seeds))
+    if args.ema_decay is not None:
+        if not 0 <= args.ema_decay < 1:
+            parser.error(f"--ema-decay must be in [0, 1), got {args.ema_decay}")
+        config["ema_decay"] = args.ema_decay
     try:
         run_bench(config, args.out)
     except LinkSpecError as e:

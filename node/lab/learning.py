@@ -22,10 +22,12 @@ Variants (comma-separated; `*LR` multiplies the task's learning rate, e.g. `aver
 
 `--lag L` makes each merge take L steps of the fastest peer, as a real exchange does: the pair
 snapshots at its start, keeps stepping, and applies it at its end (`--lag 0`: instant).
+`--ema-decay D` scores every method's moving average of its weights (`WeightAverage`), not its live model.
 """
 
 from __future__ import annotations
 
+import copy
 import heapq
 import random
 import statistics
@@ -37,6 +39,7 @@ from murmur.node.learn.rules import DISCOUNT, make_rule
 from murmur.node.learn.step import scale_learning_rate, train_step
 from murmur.node.learn.tasks import Task
 from murmur.node.learn.trainer import Snapshot, Trainer
+from murmur.node.learn.weight_average import WeightAverage
 
 
 @dataclass(frozen=True)
@@ -80,27 +83,34 @@ class Curve:
         return next((s for s, m in zip(self.samples, self.metric) if (m >= target if higher else m <= target)), None)
 
 
-def run_sync(task: Task, peers: int, samples: int, eval_every: int, seed: int, lr_scale: float = 1.0) -> Curve:
+def run_sync(
+    task: Task, peers: int, samples: int, eval_every: int, seed: int, lr_scale: float = 1.0, ema_decay: float = 0.0,
+) -> Curve:
     """One model; each step takes one batch from each of `peers` data streams (equal batches)."""
     model = task.build_model()
     optimizer = task.make_optimizer(model)
     scale_learning_rate(optimizer, lr_scale)
+    average, evaluated = WeightAverage(model, ema_decay), copy.deepcopy(model)
     streams = [task.train_batches(1000 * seed + i) for i in range(peers)]
     curve, done = Curve(), 0
     while done < samples:
         xs, ys = zip(*(next(s) for s in streams))
         train_step(task, model, optimizer, (torch.cat(xs), torch.cat(ys)))
+        average.update(model)
         done += sum(len(x) for x in xs)
         if done % eval_every < peers * task.batch_size or done >= samples:
+            evaluated.load_state_dict(average.averaged(model))
             curve.samples.append(done)
-            curve.metric.append(task.evaluate(model)[task.metric.name])
+            curve.metric.append(task.evaluate(evaluated)[task.metric.name])
     return curve
 
 
-def run_diloco(task: Task, variant: Variant, peers: int, samples: int, eval_every: int, seed: int) -> Curve:
+def run_diloco(
+    task: Task, variant: Variant, peers: int, samples: int, eval_every: int, seed: int, ema_decay: float = 0.0,
+) -> Curve:
     """Synchronous DiLoCo: `peers` replicas each take H local steps, then one outer Nesterov step
     on their mean pseudo-gradient (anchor − replica), as torchft's DiLoCo does with `SGD(nesterov=True)`."""
-    replicas = [Trainer(task, shard=1000 * seed + i) for i in range(peers)]
+    replicas = [Trainer(task, shard=1000 * seed + i, ema_decay=ema_decay) for i in range(peers)]
     for trainer in replicas[1:]:
         trainer.model.load_state_dict(replicas[0].model.state_dict())
     for trainer in replicas:
@@ -120,6 +130,7 @@ def run_diloco(task: Task, variant: Variant, peers: int, samples: int, eval_ever
             for trainer in replicas:
                 for p, a in zip(trainer.model.parameters(), anchor):
                     p.copy_(a)
+                trainer.average.update(trainer.model)  # the synced model is this replica's next point
         if done >= next_eval or done >= samples:
             curve.samples.append(done)
             curve.metric.append(replicas[0].evaluate().metrics[task.metric.name])
@@ -140,7 +151,7 @@ def _merge(a: Trainer, b: Trainer, adam: str, snapshots: tuple[Snapshot, Snapsho
 
 def run_gossip(
     task: Task, variant: Variant, slowdowns: list[float], samples: int, eval_every: int, seed: int, period: float,
-    lag: float = 0.0,
+    lag: float = 0.0, ema_decay: float = 0.0,
 ) -> Curve:
     """Peers stepping at speeds 1/slowdown; each starts a merge with a random partner every `period`
     (time unit: a step of the fastest peer). Returns the median peer's metric against total samples.
@@ -158,7 +169,7 @@ def run_gossip(
         )
         if variant.adam in ("avg", "avg1"):  # what `optimizer_state` travels with the model
             rule.optimizer_state = ("exp_avg", "exp_avg_sq") if variant.adam == "avg" else ("exp_avg",)
-        trainer = Trainer(task, shard=1000 * seed + i, rule=rule)
+        trainer = Trainer(task, shard=1000 * seed + i, rule=rule, ema_decay=ema_decay)
         scale_learning_rate(trainer.optimizer, variant.lr_scale)
         trainers.append(trainer)
     fastest = min(slowdowns)
@@ -209,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slowdowns", default="1,1,2,4")
     parser.add_argument("--period", type=float, default=4.0, help="steps of the fastest peer between a peer's merges")
     parser.add_argument("--lag", type=float, default=0.0, help="steps of the fastest peer a merge takes (0: instant)")
+    parser.add_argument("--ema-decay", type=float, default=0.0, help="score moving averages of the weights (0: live models)")
     parser.add_argument("--variants", default="sync,average,outer:0.7:0.9")
     parser.add_argument("--target", type=float, default=None, help="report samples to reach this metric")
     parser.add_argument("--seeds", type=int, default=3)
@@ -223,11 +235,11 @@ def main(argv: list[str] | None = None) -> int:
         for variant in variants:
             began = time.monotonic()
             if variant.merge == "sync":
-                curve = run_sync(task, len(slowdowns), args.samples, args.eval_every, seed, variant.lr_scale)
+                curve = run_sync(task, len(slowdowns), args.samples, args.eval_every, seed, variant.lr_scale, args.ema_decay)
             elif variant.merge == "diloco":
-                curve = run_diloco(task, variant, len(slowdowns), args.samples, args.eval_every, seed)
+                curve = run_diloco(task, variant, len(slowdowns), args.samples, args.eval_every, seed, args.ema_decay)
             else:
-                curve = run_gossip(task, variant, slowdowns, args.samples, args.eval_every, seed, args.period, args.lag)
+                curve = run_gossip(task, variant, slowdowns, args.samples, args.eval_every, seed, args.period, args.lag, args.ema_decay)
             row = {"variant": variant.name, "seed": seed, "samples": curve.samples, "metric": curve.metric,
                    "final": curve.metric[-1], "wall_s": round(time.monotonic() - began, 1)}
             if args.target is not None:
@@ -236,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({k: v for k, v in row.items() if k not in ("samples", "metric")}), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
-    print(f"\n{task.name}, slowdowns {args.slowdowns}, period {args.period:g}, lag {args.lag:g}, {args.samples} samples, medians over {args.seeds} seeds:")
+    print(f"\n{task.name}, slowdowns {args.slowdowns}, period {args.period:g}, lag {args.lag:g}, EMA decay {args.ema_decay:g}, "
+          f"{args.samples} samples, medians over {args.seeds} seeds:")
     print("| variant | final " + task.metric.name + " | samples to target |")
     for variant in variants:
         mine = [r for r in rows if r["variant"] == variant.name]

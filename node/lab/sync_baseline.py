@@ -127,6 +127,7 @@ def run_sync(
     outer_lr: float = 0.7,
     outer_momentum: float = 0.9,
     min_samples: int = 0,
+    ema_decay: float = 0.0,
     links: Sequence[Netns] | None = None,
     work_dir: Path | None = None,
 ) -> dict[str, Any]:
@@ -138,7 +139,8 @@ def run_sync(
     run is abandoned after `timeout_s` (default 600 + 2 * duration). Any rank failure
     ends all ranks and raises `RankFailed` with the rank's traceback. `lr_scale`
     multiplies the task's learning rate; `local_steps`, `outer_lr` and `outer_momentum`
-    configure mode `diloco` (see `murmur.node.lab.sync_rank`). With `links` (one namespace per rank, from
+    configure mode `diloco` (see `murmur.node.lab.sync_rank`); `ema_decay` > 0 evaluates a moving average
+    of the weights (`murmur.node.learn.weight_average`). With `links` (one namespace per rank, from
     `murmur.node.lab.links.peer_links`) rank r runs in `links[r]`, its log and result files under
     `work_dir` (required then).
 
@@ -161,7 +163,7 @@ def run_sync(
     cfg = Config(
         task_name, tuple(float(s) for s in slowdowns), mode, float(duration), step_time_ms, target,
         float(eval_every), int(seed), store.port if store else STORE_PORT, float(pg_timeout_s), float(lr_scale),
-        int(local_steps), float(outer_lr), float(outer_momentum), int(min_samples),
+        int(local_steps), float(outer_lr), float(outer_momentum), int(min_samples), float(ema_decay),
         **({"store_host": links[0].address, "store_on_rank0": True} if links is not None else {}),
     )  # fmt: skip
     deadline = begin + (timeout_s if timeout_s is not None else 600 + 2 * duration)
@@ -321,13 +323,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr-scale", type=float, default=1.0, help="multiply the task's learning rate")
     parser.add_argument("--local-steps", type=int, default=16, help="diloco: inner steps between syncs")
+    parser.add_argument("--ema-decay", type=float, default=0.0, help="evaluate a moving average of the weights")
     parser.add_argument("--pg-timeout", type=float, default=60.0, help="collective timeout, seconds")
     parser.add_argument("--out", type=Path, default=None, help="write the results JSON here")
     args = parser.parse_args(argv)
     slowdowns = [float(s) for s in args.slowdowns.split(",") if s.strip()]
     result = run_sync(
         args.task, slowdowns, args.mode, args.duration, args.step_time_ms, args.target, args.eval_every, args.seed,
-        pg_timeout_s=args.pg_timeout, lr_scale=args.lr_scale, local_steps=args.local_steps,
+        pg_timeout_s=args.pg_timeout, lr_scale=args.lr_scale, local_steps=args.local_steps, ema_decay=args.ema_decay,
     )  # fmt: skip
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -32,6 +32,7 @@ This module is what the ranks' fork server preloads: it imports torch, the tasks
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import math
@@ -48,6 +49,7 @@ import torch.distributed as dist
 
 from murmur.node.learn.step import Pacing, scale_learning_rate, train_step
 from murmur.node.learn.tasks import Batch, Task, load_task
+from murmur.node.learn.weight_average import WeightAverage
 
 MODES = ("equal", "proportional", "diloco")
 HOST = "127.0.0.1"
@@ -73,6 +75,7 @@ class Config:
     outer_lr: float = 0.7  # diloco's outer Nesterov step
     outer_momentum: float = 0.9
     min_samples: int = 0  # train past the target until this many samples (where the bench compares every method)
+    ema_decay: float = 0.0  # evaluate a moving average of the weights, as `murmur run --ema-decay` does
     # Where the rendezvous store listens. On loopback the parent hosts it; over slow links each rank has its own
     # network namespace, which the parent is not in, so rank 0 hosts it on its namespace's address.
     store_host: str = HOST
@@ -169,6 +172,8 @@ def train(rank: int, cfg: Config) -> dict[str, Any]:
             dist.broadcast(t, src=0)
     optimizer = task.make_optimizer(model)
     scale_learning_rate(optimizer, cfg.lr_scale)
+    average = WeightAverage(model, cfg.ema_decay)
+    evaluated = copy.deepcopy(model)
     torch.manual_seed(1000 * cfg.seed + rank)  # per-rank randomness (dropout etc.)
     params = [p for p in model.parameters() if p.requires_grad]
     numel = sum(p.numel() for p in params)
@@ -242,6 +247,7 @@ def train(rank: int, cfg: Config) -> dict[str, Any]:
             t1 = t2 = time.monotonic()
             if synced:
                 outer_step()
+        average.update(model)
         eval_due = synced and flat[numel + EVAL_SLOT].item() > 0
         stop = synced and flat[numel + STOP_SLOT].item() > 0
         t3 = time.monotonic()
@@ -252,7 +258,8 @@ def train(rank: int, cfg: Config) -> dict[str, Any]:
             done = torch.zeros(1)
             if rank == 0:
                 t_eval = t3 - clock_start - paused  # the clock stopped at t3
-                point = {"t": t_eval, "samples": steps * step_samples, **task.evaluate(model)}
+                evaluated.load_state_dict(average.averaged(model))
+                point = {"t": t_eval, "samples": steps * step_samples, **task.evaluate(evaluated)}
                 curve.append(point)
                 met = cfg.target is not None and meets(point[metric.name], cfg.target, metric.higher_is_better)
                 if met and point["samples"] >= cfg.min_samples:

@@ -28,6 +28,7 @@ from murmur.node.learn.runtime import Runtime
 from murmur.node.learn.step import Pacing, train_step
 from murmur.node.learn.tasks import Task
 from murmur.node.learn.tensors import ExchangedTensors
+from murmur.node.learn.weight_average import WeightAverage
 from murmur.protocol.codec import TensorSpec, WireState, pieces, quantize
 
 
@@ -66,7 +67,7 @@ def _flat(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
 class Trainer:
     def __init__(
         self, task: Task, shard: int, device: str | torch.device = "cpu", mixed_precision: bool = False,
-        *, rule: MergeRule | None = None, runtime: Runtime = Runtime(),
+        *, rule: MergeRule | None = None, runtime: Runtime = Runtime(), ema_decay: float = 0.0,
     ) -> None:
         """Build `task`'s model on `device` (an explicit one: see `murmur.node.learn.device.resolve_device`).
 
@@ -74,6 +75,8 @@ class Trainer:
         optimizer state stay in their own dtype); raises `DeviceError` where that is refused.
         `rule` (default `work`) merges this model with partners'; the trainer owns it, so
         its state is checkpointed with the model. `runtime.wall` stamps evaluations.
+        `ema_decay` > 0 evaluates (and checkpoints) an average of the parameters over the last
+        ~1/(1 − decay) steps instead of the live model (`WeightAverage`); raises `ValueError` outside [0, 1).
         """
         self.task = task
         self.device = torch.device(device)
@@ -82,6 +85,7 @@ class Trainer:
         self.mixed_precision = mixed_precision
         self.model = task.build_model().to(self.device)
         self.optimizer = task.make_optimizer(self.model)
+        self.average = WeightAverage(self.model, ema_decay)
         self.rule = rule if rule is not None else WorkRule()
         self.runtime = runtime
         self.exchanged = ExchangedTensors(self.model, self.optimizer, self.rule.optimizer_state)
@@ -107,6 +111,7 @@ class Trainer:
         with self._lock:
             start = time.perf_counter()
             loss = train_step(self.task, self.model, self.optimizer, batch, mixed_precision=self.mixed_precision)
+            self.average.update(self.model)
             n = len(batch[0])
             self.samples += n
             self.weight += n
@@ -148,6 +153,7 @@ class Trainer:
             self.weight = weight
             self.fresh = 0.0
             self.rule.reset(self.exchanged)
+            self.average.reset(self.model)  # the swarm's model replaced this one's past
 
     def checkpoint_state(self) -> dict:
         """Everything needed to resume: model, optimizer, work weight and counters, as CPU tensors.
@@ -163,6 +169,7 @@ class Trainer:
                 "samples": self.samples,
                 "fresh": self.fresh,
                 "merge_rule": {"name": self.rule.name, "state": self.rule.state_dict()},
+                "weight_average": self.average.state_dict(),
             }
 
     def restore(self, state: dict) -> None:
@@ -185,11 +192,12 @@ class Trainer:
             else:
                 self.rule.reset(self.exchanged)
                 self.fresh = 0.0
+            self.average.load_state_dict(state.get("weight_average", {}), self.model)
             self.weight = float(state["weight"])
             self.samples = int(state["samples"])
 
     def evaluate(self) -> Evaluation:
-        """The task's held-out metrics for the model as it is now.
+        """The task's held-out metrics for the model as it is now (its weight average, if it keeps one).
 
         Only copying the model (into a second instance kept for this) holds the lock; the
         held-out pass runs on the copy, so it never pauses `step` or a merge.
@@ -198,8 +206,7 @@ class Trainer:
             with self._lock:
                 if self._eval_model is None:
                     self._eval_model = copy.deepcopy(self.model)
-                else:
-                    self._eval_model.load_state_dict(self.model.state_dict())
+                self._eval_model.load_state_dict(self.average.averaged(self.model))
                 copied = (self.runtime.wall(), self.samples, self.weight)
             return Evaluation(*copied, self.task.evaluate(self._eval_model))
 

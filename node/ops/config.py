@@ -25,6 +25,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
+from murmur.node.learn.weight_average import DEFAULT_DECAY
 from murmur.node.ops.logs import LOG_FORMATS, LOG_LEVELS
 from murmur.protocol.messages import WIRE_DTYPE_NAMES
 
@@ -163,6 +164,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _decay(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a decay in [0, 1)")
+    return value
+
+
 def _share(text: str) -> float:
     value = float(text)
     if not 0 < value <= 1:
@@ -213,6 +221,9 @@ class NodeConfig:
                                           "model (more bytes per exchange)", choices=_optimizer_state_names)
     lr_scale: float = option(1.0, "multiply the task's learning rate by this (murmur bench --sweep-lr measures it)",
                              parse=_positive_float, metavar="X")
+    ema_decay: float = option(DEFAULT_DECAY, "evaluate and checkpoint an average of the model's last ~1/(1-DECAY) steps (a moving "
+                                   "average of its weights: less minibatch noise); 0: the live model", parse=_decay,
+                              metavar="DECAY")
     average_every: float = option(0.1, "seconds between averaging attempts", metavar="SECONDS")
     exchange_share: float = option(0.1, "the most of wall time this node's exchanges may take: attempts wait at least "
                                          "the typical exchange's duration divided by this", parse=_share, metavar="FRACTION")

@@ -93,7 +93,8 @@ class Node:
                          optimizer_state=config.optimizer_state)
         self.user_loop = user_loop is not None
         if user_loop is None:
-            self.trainer = Trainer(load_task(config.task), shard, resolve_device(config.device), config.mixed_precision, rule=rule)
+            self.trainer = Trainer(load_task(config.task), shard, resolve_device(config.device), config.mixed_precision, rule=rule,
+                                   ema_decay=config.ema_decay)
             scale_learning_rate(self.trainer.optimizer, config.lr_scale)  # a user's loop owns its own rates
         else:
             self.trainer = user_loop(rule)
