@@ -49,7 +49,7 @@ from murmur.node.ops.status import STATUS_FILE
 log = logging.getLogger("murmur.peer")
 
 # `murmur run` options that pace Murmur's own training loop; an API peer's loop is the user's.
-LOOP_ONLY = ("slowdown", "step_time_ms", "eval_every", "duration", "start_at", "start_file", "record_params")
+LOOP_ONLY = ("slowdown", "step_time_ms", "eval_every", "ema_decay", "duration", "start_at", "start_file", "record_params")
 _FIELDS = {f.name: f for f in dataclasses.fields(NodeConfig)}
 _HINTS = get_type_hints(NodeConfig)
 STOP_TIMEOUT_S = 30.0  # the node's own goodbye (3 s) and checkpoint fit well within this
@@ -68,14 +68,14 @@ def run_config(options: dict[str, Any]) -> NodeConfig:
     """The `NodeConfig` for `Peer`'s keyword arguments: `murmur run`'s options by field name, same defaults.
 
     Raises `TypeError` for an unknown name (suggesting the closest), `ValueError` for a bad
-    value or for an option that only paces `murmur run`'s own loop.
+    value or for an option of `murmur run`'s own loop (its pace, its evaluation).
     """
     for name, value in options.items():
         if name not in _FIELDS:
             close = difflib.get_close_matches(name, _FIELDS, n=1)
             raise TypeError(f"murmur.Peer got an unknown option {name!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
         if name in LOOP_ONLY and value != _default(name):
-            raise ValueError(f"{name} paces `murmur run`'s own training loop; a murmur.Peer trains at your loop's pace")
+            raise ValueError(f"{name} is for `murmur run`'s own training loop; a murmur.Peer trains and evaluates in your loop")
     values = {name: _checked(name, value) for name, value in options.items()}
     return NodeConfig(**values)
 

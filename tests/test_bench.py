@@ -7,6 +7,7 @@ import pytest
 
 from murmur.node.lab.bench import METHODS, run_bench
 from murmur.node.lab.bench_config import at_chosen_lr
+from murmur.node.learn.weight_average import DEFAULT_DECAY
 
 
 @pytest.mark.slow
@@ -23,7 +24,9 @@ def test_smallest_bench_runs_every_method_and_writes_its_outputs(tmp_path: Path)
     assert all(r["exit_codes"] == [0, 0] for r in murmur)
     assert all(sum(p["exchanges"].get("merged", 0) for p in r["peers"]) > 0 for r in murmur)
     assert all(r["consensus"] for r in murmur)
+    assert {r["ema_decay"] for r in results} == {DEFAULT_DECAY}  # every method evaluates alike, as `murmur run` does
     table = (tmp_path / "summary.md").read_text()
+    assert table.startswith(f"Every method evaluated a moving average of its weights, decay {DEFAULT_DECAY:g} (")
     assert "| digits | pair | murmur-work |" in table
     assert (tmp_path / "digits-metric-vs-time.png").stat().st_size > 0
     assert (tmp_path / "digits-throughput-vs-ideal.png").stat().st_size > 0
@@ -102,12 +105,26 @@ def test_swarm_peers_are_started_with_one_torch_thread_each(tmp_path: Path, monk
 
     monkeypatch.setattr(bench, "ForkedPeer", Exited)
     with pytest.raises(RuntimeError, match="peer 0 exited"):
-        bench.run_murmur("digits", [1.0, 2.0], "murmur-work", 3, 5.0, tmp_path / "run")
+        bench.run_murmur("digits", [1.0, 2.0], "murmur-work", 3, 5.0, tmp_path / "run", ema_decay=0.5)
     assert [argv[0] for argv in started] == ["run", "run"]
     args = [build_run_parser().parse_args(argv[1:]) for argv in started]
     assert [a.threads for a in args] == [1, 1]  # two peers share this machine: the node itself would not limit them
     assert [a.slowdown for a in args] == [1.0, 2.0] and [a.shard for a in args] == [3000, 3001]
+    assert [a.ema_decay for a in args] == [0.5, 0.5]
     assert args[0].bootstrap == [] and len(args[1].bootstrap) == 1
+
+
+def test_the_summary_says_which_weights_every_method_evaluated() -> None:
+    from murmur.node.lab.bench_report import summarize
+
+    def run(method: str, **ema: float) -> dict:
+        return {"task": "digits", "mix": "pair", "seed": 0, "method": method, "samples_per_s": 10.0, "pct_of_ideal": 1.0,
+                "time_to_target": 1.0, "peers": [{"idle_fraction": 0.0}], "curve": [], **ema}
+
+    assert summarize([run("ideal", ema_decay=0.0), run("murmur", ema_decay=0.0)]).startswith(
+        "Every method evaluated its live weights (`--ema-decay`).")
+    assert summarize([run("ideal", ema_decay=0.9)]).startswith("Every method evaluated a moving average of its weights, decay 0.9 (")
+    assert summarize([run("ideal"), run("murmur")]).startswith("| task |")  # runs recorded before the choice existed
 
 
 def test_methods_argument_names_methods_and_optional_scales() -> None:

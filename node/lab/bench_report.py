@@ -101,8 +101,17 @@ def _links_line(results: list[dict]) -> list[str]:
     return [f"Links capped at {named} Mbit/s (per peer, in peer order; tc tbf, one network namespace per peer and rank).", ""]
 
 
+def _evaluated_line(results: list[dict]) -> list[str]:
+    """The line saying which weights the methods evaluated (none for runs recorded before the choice existed)."""
+    decays = sorted({r["ema_decay"] for r in results if "ema_decay" in r})
+    if not decays:
+        return []
+    said = "; ".join("its live weights" if d == 0 else f"a moving average of its weights, decay {d:g}" for d in decays)
+    return [f"Every method evaluated {said} (`--ema-decay`).", ""]
+
+
 def summarize(results: list[dict]) -> str:
-    lines = _links_line(results) + ["| task | mix | method | time to target s | vs sync-equal | samples/s | % of ideal | max peer idle | metric at equal samples | lr |",
+    lines = _links_line(results) + _evaluated_line(results) + ["| task | mix | method | time to target s | vs sync-equal | samples/s | % of ideal | max peer idle | metric at equal samples | lr |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     keys = sorted({(r["task"], r["mix"]) for r in results}, key=lambda k: (k[0], list(MIXES).index(k[1])))
     for task, mix in keys:
