@@ -67,6 +67,7 @@ def test_without_namespaces_it_says_why_in_one_line(monkeypatch: pytest.MonkeyPa
 def test_the_slow_link_configs_run_the_large_lm_with_the_baselines_over_the_same_links() -> None:
     assert SLOW_LINK["tasks"] == ["charlm-large"] and SLOW_LINK["mixes"]["charlm-large"] == ["headline"]
     assert len(SLOW_LINK["seeds"]) == 3 and SLOW_LINK["link_mbit"] == [20.0]
+    assert SLOW_LINK["ema_decay"] == SLOW_LINK_UNEVEN["ema_decay"] == 0.0  # live weights, as measured
     assert {m for m, _ in SLOW_LINK["runs"]} == {"sync-equal", "sync-proportional", "diloco", "murmur-work", "murmur"}
     assert SLOW_LINK_UNEVEN["link_mbit"] == [100.0, 50.0, 20.0, 10.0]
 
