@@ -54,7 +54,6 @@ def test_decay_zero_keeps_nothing_and_evaluates_the_live_model() -> None:
     average = WeightAverage(model, 0.0)
     _shift(model, 1.0)
     average.update(model)
-    assert average.state_dict() == {}
     for name, t in average.averaged(model).items():
         torch.testing.assert_close(t, model.state_dict()[name])
 
@@ -75,20 +74,19 @@ def test_a_tied_weight_reads_its_average_under_every_name_and_buffers_stay_live(
     torch.testing.assert_close(copy.out.weight, start + 1.0)
 
 
-def test_state_round_trips_exactly_and_a_state_that_does_not_fit_restarts_from_the_model() -> None:
-    model = nn.Linear(3, 2)
+def test_a_saved_average_resumes_exactly_and_one_that_does_not_fit_restarts_from_the_model() -> None:
+    model = Tied()
     average = WeightAverage(model, 0.9)
     _shift(model, 1.0)
     average.update(model)
-    saved = average.state_dict()
+    saved = {k: t.clone() for k, t in average.averaged(model).items()}
     resumed = WeightAverage(model, 0.9)
-    resumed.load_state_dict(saved, model)
-    assert resumed.state_dict().keys() == saved.keys()
-    for name, t in resumed.state_dict().items():
+    resumed.load_averaged(saved, model)
+    for name, t in resumed.averaged(model).items():
         assert torch.equal(t, saved[name])
-    for wrong in ({}, {**saved, "weight": torch.zeros(5)}, {"other": torch.zeros(1)}):
+    for wrong in ({}, {**saved, "embed.weight": torch.zeros(5)}, {"other": torch.zeros(1)}):
         fresh = WeightAverage(model, 0.9)
-        fresh.load_state_dict(wrong, model)
+        fresh.load_averaged(wrong, model)
         for name, t in fresh.averaged(model).items():
             torch.testing.assert_close(t, model.state_dict()[name])
 
@@ -106,7 +104,7 @@ def test_the_trainer_evaluates_its_average_and_trains_exactly_as_without_one() -
     assert plain.evaluate().metrics == DigitsTask().evaluate(plain.model)
 
 
-def test_the_average_is_checkpointed_and_restarts_when_state_sync_replaces_the_model() -> None:
+def test_the_average_is_checkpointed_as_a_loadable_model_and_restarts_when_state_sync_replaces_the_model() -> None:
     trainer = Trainer(DigitsTask(), shard=1, ema_decay=0.9)
     for _ in range(5):
         trainer.step()
@@ -114,8 +112,12 @@ def test_the_average_is_checkpointed_and_restarts_when_state_sync_replaces_the_m
     resumed = Trainer(DigitsTask(), shard=1, ema_decay=0.9)
     resumed.restore(state)
     assert resumed.evaluate().metrics == trainer.evaluate().metrics
-    for name, t in resumed.average.state_dict().items():
+    for name, t in resumed.average.averaged(resumed.model).items():
         assert torch.equal(t, state["weight_average"][name])
+    user = DigitsTask().build_model()  # what the README tells a user to do with a checkpoint
+    user.load_state_dict(state.get("weight_average", state["model"]))
+    assert DigitsTask().evaluate(user) == trainer.evaluate().metrics
+    assert "weight_average" not in Trainer(DigitsTask(), shard=1).checkpoint_state()  # none kept: the model is the one
 
     swarm = Trainer(DigitsTask(), shard=2)
     for _ in range(5):

@@ -169,7 +169,8 @@ class Trainer:
                 "samples": self.samples,
                 "fresh": self.fresh,
                 "merge_rule": {"name": self.rule.name, "state": self.rule.state_dict()},
-                "weight_average": self.average.state_dict(),
+                # the model to use: a complete state dict, loadable as is (absent when no average is kept)
+                **({"weight_average": cpu_copy(self.average.averaged(self.model))} if self.average.decay else {}),
             }
 
     def restore(self, state: dict) -> None:
@@ -192,7 +193,7 @@ class Trainer:
             else:
                 self.rule.reset(self.exchanged)
                 self.fresh = 0.0
-            self.average.load_state_dict(state.get("weight_average", {}), self.model)
+            self.average.load_averaged(state.get("weight_average", {}), self.model)
             self.weight = float(state["weight"])
             self.samples = int(state["samples"])
 

@@ -52,13 +52,9 @@ class WeightAverage:
         by_tensor = {p.data_ptr(): self._average[name] for name, p in model.named_parameters()}
         return {key: by_tensor.get(t.data_ptr(), t) for key, t in state.items()}
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """CPU copies of the averaged parameters (empty when `decay` is 0)."""
-        return {name: avg.detach().cpu().clone() for name, avg in self._average.items()}
-
-    def load_state_dict(self, state: Mapping[str, torch.Tensor], model: nn.Module) -> None:
-        """Resume from `state_dict()` output; one that does not fit this model (or none) restarts from `model`."""
-        fits = state.keys() == self._average.keys() and all(state[n].shape == a.shape for n, a in self._average.items())
+    def load_averaged(self, state: Mapping[str, torch.Tensor], model: nn.Module) -> None:
+        """Resume from a saved `averaged()`; one that does not fit this model (or none) restarts from `model`."""
+        fits = all(n in state and state[n].shape == a.shape for n, a in self._average.items())
         if not fits:
             self.reset(model)
             return
