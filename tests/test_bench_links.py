@@ -44,6 +44,7 @@ def test_a_list_of_the_wrong_length_is_refused() -> None:
     (["--link-mbit", "100,50,20"], "--link-mbit has 3 caps for 4 peers"),  # SLOW_LINK's headline mix has 4 peers
     (["--link-mbit", "20,20,20,20", "--mixes", "pair"], "4 caps for 2 peers"),
     (["--link-mbit", "20", "--tasks", "nope"], "unknown task"),
+    (["--ema-decay", "1"], "--ema-decay must be in [0, 1), got 1.0"),
 ])  # fmt: skip
 def test_the_command_line_refuses_bad_caps_with_one_clear_error(
     argv: list[str], message: str, capsys: pytest.CaptureFixture, tmp_path: Path
