@@ -178,7 +178,8 @@ class Trainer:
 
         Tensors are copied onto this model's device and dtype (the optimizer's state follows its parameters).
         The merge rule's state is restored when the checkpoint holds this rule's; after a change of
-        rule (or from a checkpoint without one) the rule starts over from the restored model.
+        rule (or from a checkpoint without one) the rule starts over from the restored model. So does the
+        weight average, unless the checkpoint holds one that fits this model.
         """
         if state.get("fingerprint") != self.fingerprint:
             raise ValueError("checkpoint belongs to another task or model (fingerprint differs)")

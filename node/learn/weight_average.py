@@ -19,6 +19,7 @@ from torch import nn
 
 DEFAULT_DECAY = 0.9  # `murmur run --ema-decay` and the benchmark's every method: ~10 steps
 
+
 class WeightAverage:
     """θ̄ ← decay · θ̄ + (1 − decay) · θ after every step, starting from the model as given."""
 
