@@ -172,8 +172,9 @@ def train(rank: int, cfg: Config) -> dict[str, Any]:
             dist.broadcast(t, src=0)
     optimizer = task.make_optimizer(model)
     scale_learning_rate(optimizer, cfg.lr_scale)
-    average = WeightAverage(model, cfg.ema_decay)
-    evaluated = copy.deepcopy(model)
+    # Only rank 0 evaluates, so only it keeps the average and the copy it scores.
+    average = WeightAverage(model, cfg.ema_decay if rank == 0 else 0.0)
+    evaluated = copy.deepcopy(model) if rank == 0 else None
     torch.manual_seed(1000 * cfg.seed + rank)  # per-rank randomness (dropout etc.)
     params = [p for p in model.parameters() if p.requires_grad]
     numel = sum(p.numel() for p in params)

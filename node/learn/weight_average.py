@@ -38,8 +38,10 @@ class WeightAverage:
 
     def update(self, model: nn.Module) -> None:
         """Fold in `model`'s parameters after one of its optimizer steps."""
+        if not self.decay:
+            return
         with torch.no_grad():
-            for name, p in model.named_parameters() if self.decay else ():
+            for name, p in model.named_parameters():
                 self._average[name].lerp_(p.detach(), 1.0 - self.decay)
 
     def averaged(self, model: nn.Module) -> dict[str, torch.Tensor]:
