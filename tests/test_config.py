@@ -10,15 +10,13 @@ import pytest
 from murmur.node.cli import main
 from murmur.node.ops.config import (
     DEFAULT_DATA_DIR,
-    ConfigError,
     NodeConfig,
     RunOptions,
     add_options,
-    env_name,
     option,
-    resolve_options,
     run_settings,
 )
+from murmur.node.ops.config_sources import ConfigError, env_name, resolve_options
 from murmur.node.ops.run import build_run_parser
 
 README = Path(__file__).resolve().parent.parent / "README.md"

@@ -16,7 +16,8 @@ from typing import NoReturn
 
 import anyio
 
-from murmur.node.ops.config import ConfigError, add_options, resolve_options, run_settings
+from murmur.node.ops.config import add_options, run_settings
+from murmur.node.ops.config_sources import ConfigError, resolve_options
 from murmur.node.ops.logs import configure_logging
 
 RUN_EPILOG = (
