@@ -161,6 +161,7 @@ class CharLMTask:
     batch_size = 32
     # `murmur bench --sweep-lr` (3 seeds, headline mix): 1.5e-3 reached the target first both for
     # Murmur's peers and for equal-batch sync; 3e-3 was 5–45 % slower for Murmur, level for sync.
+    # Speed-proportional sync too, over 5 seeds: 16.0 s against 18.0 s (14–30) at 3e-3.
     learning_rate = 1.5e-3
     config = GPTConfig()  # a bigger model on the same bytes is a subclass with another config
     eval_windows = EVAL_WINDOWS
