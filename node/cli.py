@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv[:1] == ["run"]:
             return run.main(argv[1:])
         if argv[:1] == ["bench"]:
-            from murmur.node.lab.bench import main as bench_main
+            from murmur.node.lab.bench_cli import main as bench_main
 
             return bench_main(argv[1:])
         if argv[:1] == ["status"]:  # no torch import: cheap enough for a container's HEALTHCHECK

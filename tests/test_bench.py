@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from murmur.node.lab.bench import METHODS, run_bench
-from murmur.node.lab.bench_config import at_chosen_lr
+from murmur.node.lab.bench import run_bench
+from murmur.node.lab.bench_config import METHODS, at_chosen_lr
 from murmur.node.learn.weight_average import DEFAULT_DECAY
 
 
@@ -128,7 +128,7 @@ def test_the_summary_says_which_weights_every_method_evaluated() -> None:
 
 
 def test_methods_argument_names_methods_and_optional_scales() -> None:
-    from murmur.node.lab.bench import _method_arg
+    from murmur.node.lab.bench_cli import _method_arg
 
     assert _method_arg("murmur") == ("murmur", None)
     assert _method_arg("sync-equal@0.5") == ("sync-equal", 0.5)

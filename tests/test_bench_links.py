@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from murmur.node.lab import bench
+from murmur.node.lab import bench, bench_cli
 from murmur.node.lab.bench_config import SLOW_LINK, SLOW_LINK_UNEVEN, at_chosen_lr
 from murmur.node.lab.bench_report import summarize
 from murmur.node.lab.links import LinkSpecError, caps_for, links_unavailable_reason, parse_link_mbit
@@ -50,7 +50,7 @@ def test_the_command_line_refuses_bad_caps_with_one_clear_error(
     argv: list[str], message: str, capsys: pytest.CaptureFixture, tmp_path: Path
 ) -> None:
     with pytest.raises(SystemExit) as exit_:
-        bench.main([*argv, "--out", str(tmp_path / "out")])
+        bench_cli.main([*argv, "--out", str(tmp_path / "out")])
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()  # nothing ran
@@ -59,7 +59,7 @@ def test_the_command_line_refuses_bad_caps_with_one_clear_error(
 def test_without_namespaces_it_says_why_in_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
                                                     tmp_path: Path) -> None:
     monkeypatch.setattr(bench, "links_unavailable_reason", lambda: "network namespaces need root")
-    assert bench.main(["--link-mbit", "20", "--out", str(tmp_path / "out")]) == 1
+    assert bench_cli.main(["--link-mbit", "20", "--out", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     assert err == "murmur bench: skipped, slow links need network namespaces: network namespaces need root\n"
     assert not (tmp_path / "out").exists()

@@ -1,0 +1,113 @@
+"""`murmur bench`'s command line: picks a configuration (`bench_config`), narrows it, runs it (`bench.run_bench`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from murmur.node.lab import bench
+from murmur.node.lab.bench_config import (
+    DEFAULT,
+    METHODS,
+    MIXES,
+    MURMUR_ARGS,
+    QUICK,
+    SLOW_LINK,
+    SWEEP,
+    SWEEP_METHODS,
+    SWEEP_SCALES,
+    TASKS,
+)
+from murmur.node.lab.bench_report import rescore
+from murmur.node.lab.links import LinkSpecError, LinksUnavailable, parse_link_mbit
+from murmur.node.learn.weight_average import DEFAULT_DECAY
+
+
+def _link_mbit(text: str) -> list[float]:
+    try:
+        return parse_link_mbit(text)
+    except LinkSpecError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--link-mbit: ")) from None
+
+
+def _method_arg(text: str) -> tuple[str, float | None]:
+    """`method` or `method@scale` -> (method, scale or None); raises ValueError naming what is wrong."""
+    method, _, scale = text.partition("@")
+    if method not in METHODS and method not in MURMUR_ARGS:
+        raise ValueError(f"unknown method {method!r}: choose from {[*METHODS, *MURMUR_ARGS]}")
+    if not scale:
+        return method, None
+    if not float(scale) > 0:
+        raise ValueError(f"learning-rate scale must be positive, got {scale!r}")
+    return method, float(scale)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="murmur bench", description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="digits, headline mix, one seed (~1 min)")
+    parser.add_argument("--tasks", default=None, help="comma-separated tasks (default: digits,charlm)")
+    parser.add_argument("--mixes", default=None, help=f"comma-separated mixes from {list(MIXES)}")
+    parser.add_argument("--seeds", type=int, default=None, help="number of seeds")
+    parser.add_argument("--out", type=Path, default=Path("results/bench"))
+    parser.add_argument("--sweep-lr", action="store_true",
+                        help=f"run {SWEEP_METHODS} at learning-rate scales {SWEEP_SCALES} instead and print the best of each "
+                             "(default: charlm and digits, headline mix, 2 seeds)")
+    parser.add_argument("--link-mbit", type=_link_mbit, default=None, metavar="MBIT[,MBIT...]",
+                        help="slow links: cap every peer's link at MBIT Mbit/s, or each peer's in peer order (100,50,20,10); "
+                             "one network namespace per peer and rank (needs root). Runs SLOW_LINK (charlm-large, headline mix, "
+                             "3 seeds; --tasks/--mixes/--seeds change it)")
+    parser.add_argument("--methods", default=None, metavar="M[@SCALE],…",
+                        help=f"run these methods instead (from {[*METHODS, *(m for m in MURMUR_ARGS if m not in METHODS)]}), "
+                             "each optionally at a learning-rate scale, e.g. sync-equal@0.5,murmur@2")
+    parser.add_argument("--ema-decay", type=float, default=None, metavar="DECAY",
+                        help=f"every method evaluates a moving average of its weights (default {DEFAULT_DECAY}, `murmur run`'s; "
+                             "0: the live models)")
+    parser.add_argument("--max-s", type=float, default=None, metavar="SECONDS",
+                        help="stop every run after this long (default: the configuration's per task)")
+    parser.add_argument("--rescore", type=Path, default=None, metavar="RESULTS_JSON",
+                        help="run nothing: score an earlier run's results.json again and write the table and plots to --out")
+    args = parser.parse_args(argv)
+    if args.rescore:
+        rescore(args.rescore, args.out)
+        return 0
+    base = QUICK if args.quick else SWEEP if args.sweep_lr else SLOW_LINK if args.link_mbit else DEFAULT
+    config = json.loads(json.dumps(base))
+    if args.link_mbit:
+        config["link_mbit"] = args.link_mbit
+    if args.tasks:
+        config["tasks"] = args.tasks.split(",")
+        unknown = [t for t in config["tasks"] if t not in TASKS]
+        if unknown:
+            parser.error(f"unknown task(s) {unknown}; choose from {list(TASKS)}")
+        for t in config["tasks"]:
+            config["mixes"].setdefault(t, ["headline"])
+            config["max_s"].setdefault(t, DEFAULT["max_s"].get(t, TASKS[t]["max_s"]))
+    if args.mixes:
+        config["mixes"] = {t: args.mixes.split(",") for t in config["tasks"]}
+    if args.max_s:
+        config["max_s"] = dict.fromkeys(config["tasks"], args.max_s)
+    if args.methods:
+        try:
+            config["runs"] = [_method_arg(m) for m in args.methods.split(",")]
+        except ValueError as e:
+            parser.error(str(e))
+    if args.seeds:
+        config["seeds"] = list(range(args.seeds))
+    if args.ema_decay is not None:
+        if not 0 <= args.ema_decay < 1:
+            parser.error(f"--ema-decay must be in [0, 1), got {args.ema_decay}")
+        config["ema_decay"] = args.ema_decay
+    try:
+        bench.run_bench(config, args.out)
+    except LinkSpecError as e:
+        parser.error(str(e))
+    except LinksUnavailable as e:
+        print(f"murmur bench: skipped, slow links need network namespaces: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
