@@ -1,7 +1,7 @@
 """Averaging over real libp2p (TCP, Noise, yamux on 127.0.0.1): one merge and one state sync.
 
 The averager's behaviour in detail is unit-tested on the in-memory transport
-(`tests/test_averager.py`); this keeps the real path covered end to end.
+(`tests/test_averager.py`, `test_averager_faults.py`, `test_state_sync.py`); this keeps the real path covered end to end.
 """
 
 from __future__ import annotations
