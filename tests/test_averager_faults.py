@@ -1,9 +1,6 @@
 """The averager under refusals, hostile partners, failures and timeouts, over the in-memory transport.
 
-Peers are wired by `build_averager` with `Runtime.simulated()` (`averager_harness`): torch work
-runs inline and every clock is the event loop's mock clock, which jumps to the next deadline as
-soon as every task waits, so a partner that stalls until the exchange timeout costs no real time.
-Real libp2p is covered by `tests/test_averaging_libp2p.py`.
+Simulated time and peers as in `test_averager.py` (`averager_harness`).
 """
 
 from __future__ import annotations
