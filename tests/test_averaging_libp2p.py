@@ -12,7 +12,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 import anyio
 import pytest
-import torch
+from averager_harness import assert_state_close
 from libp2p.crypto.ed25519 import create_new_key_pair
 
 from murmur.node.averaging.averager import Averager
@@ -38,12 +38,6 @@ async def libp2p_peers(n: int, rule: Callable[[], MergeRule] = WorkRule) -> Asyn
             await stack.enter_async_context(transport.run(["/ip4/127.0.0.1/tcp/0"]))
             out.append((transport, averager))
         yield out
-
-
-def assert_state_close(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6)
 
 
 async def test_two_libp2p_peers_merge_once_to_the_work_weighted_mean() -> None:
