@@ -54,6 +54,19 @@ async def test_connections_on_loopback_are_direct() -> None:
         assert a.puncher.host.get_addrs()[0].value_for_protocol("tcp") == a.host.get_transport_addrs()[0].value_for_protocol("tcp")
 
 
+
+@pytest.mark.anyio
+async def test_a_direct_connection_is_counted_even_after_dcutrs_cache_forgot_it() -> None:
+    # py-libp2p drops a peer from its cache whenever any connection to it closes (a duplicate of a
+    # simultaneous open, say); the punch must still be counted from the live connections.
+    a = Libp2pTransport(create_new_key_pair(), nat_traversal=True)
+    b = Libp2pTransport(create_new_key_pair(), nat_traversal=True)
+    async with a.run(["/ip4/127.0.0.1/tcp/0"]), b.run(["/ip4/127.0.0.1/tcp/0"]):
+        await a.host.connect(PeerInfo(b.host.get_id(), b.host.get_transport_addrs()))
+        a.puncher.on_peer_disconnected(b.host.get_id())
+        assert await a.puncher.initiate_hole_punch(b.host.get_id())
+        assert list(a.puncher.punched) == [b.peer_id]
+
 def test_dcutr_sees_only_punchable_addresses_of_a_peer() -> None:
     transport = Libp2pTransport(create_new_key_pair(), nat_traversal=True)
     peer = Libp2pTransport(create_new_key_pair()).host.get_id()

@@ -104,7 +104,17 @@ class NatSwarm:
                 if proc.poll() is not None and name not in self.killed:
                     raise NatSwarmError(f"{name} exited with {proc.returncode} waiting for {what}; see {self.root / name}")
             time.sleep(0.25)
-        raise NatSwarmError(f"no {what} within {timeout:g} s; logs under {self.root}")
+        raise NatSwarmError(f"no {what} within {timeout:g} s; logs under {self.root}\n{self._log_tails()}")
+
+    def _log_tails(self, lines: int = 6) -> str:
+        """The NATed peers' last log lines, so that a failure on a machine whose files are gone says what happened."""
+        tails = []
+        for name in ("a", "b"):
+            try:
+                tails += [f"{name}: {line}" for line in self.log(name).splitlines()[-lines:]]
+            except OSError:
+                tails.append(f"{name}: no log")
+        return "\n".join(tails)
 
     def kill(self, name: str) -> None:
         """SIGKILL one peer (a crash, not a goodbye)."""

@@ -132,16 +132,19 @@ class HolePuncher(DCUtRProtocol):
             await stream.reset()
             return
         await super()._handle_dcutr_stream(stream)
-        self._note(peer_id)
+        await self._note(peer_id)
 
     async def initiate_hole_punch(self, peer_id: ID) -> bool:
         ok = await super().initiate_hole_punch(peer_id)
-        self._note(peer_id)
+        await self._note(peer_id)
         return ok
 
-    def _note(self, peer_id: ID) -> None:
+    async def _note(self, peer_id: ID) -> None:
+        # Not the `_direct_connections` cache alone: py-libp2p evicts a peer from it whenever any of
+        # its connections closes (the duplicates of a simultaneous open, a relayed one after its
+        # grace), so a punched connection could go unrecorded on both sides.
         key = peer_id.to_base58()
-        if key not in self.punched and peer_id in self._direct_connections:
+        if key not in self.punched and await self._have_direct_connection(peer_id):
             self.punched[key] = self.clock()
             log.info("direct connection to %s (hole punched)", key[-8:])
 
