@@ -145,3 +145,46 @@ def test_every_configuration_names_its_runs_one_way() -> None:
     for config in (DEFAULT, QUICK, SWEEP, SLOW_LINK, SLOW_LINK_UNEVEN):
         assert "methods" not in config
         assert config["runs"] and all((m in METHODS or m in MURMUR_ARGS) and (s is None or s > 0) for m, s in config["runs"])
+
+
+def test_the_sweep_brackets_the_rate_each_method_trains_at_now() -> None:
+    from murmur.node.lab.bench import task_runs
+    from murmur.node.lab.bench_config import SWEEP, TASKS
+
+    runs = task_runs("digits", SWEEP)
+    assert runs[0] == ("ideal", None)
+    for method, _ in SWEEP["runs"]:
+        chosen = TASKS["digits"]["lr_scale"].get(method, 1.0)
+        assert sorted(s for m, s in runs if m == method) == [chosen / 4, chosen / 2, chosen, chosen * 2, chosen * 4]
+    named = {**SWEEP, "runs": [("murmur", 0.5)]}
+    assert task_runs("digits", named) == [("ideal", None), *((("murmur", 0.5 * f)) for f in SWEEP["lr_factors"])]
+
+
+def test_a_sweep_of_named_points_runs_exactly_those(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from murmur.node.lab import bench, bench_cli
+
+    seen = []
+    monkeypatch.setattr(bench, "run_bench", lambda config, out: seen.append(config))
+    assert bench_cli.main(["--sweep-lr", "--tasks", "digits", "--methods", "murmur@2,sync-equal", "--out", str(tmp_path)]) == 0
+    assert bench.task_runs("digits", seen[0]) == [("ideal", None), ("murmur", 2.0), ("sync-equal", None)]
+    assert seen[0]["sweep"]
+
+
+def test_a_sweep_picks_the_fastest_rate_and_says_when_it_lies_at_the_grids_edge(tmp_path: Path) -> None:
+    from murmur.node.lab.bench_report import rescore
+
+    def at(method: str, scale: float, ttt: float | None) -> dict:
+        return {**_run("charlm", method, 100.0, [(0, 5.0), (100, 2.4)]), "lr_scale": scale, "lr": 1e-3 * scale,
+                "time_to_target": ttt, "label": f"{method}@lr×{scale:g}"}
+
+    stored = {"config": {"sweep": True}, "wall_s": 60.0, "results": [
+        {**_run("charlm", "ideal", 400.0, [(0, 5.0), (400, 4.0)]), "lr_scale": 1.0},
+        at("sync-equal", 0.5, 9.0), at("sync-equal", 1.0, 4.0), at("sync-equal", 2.0, 6.0),
+        at("murmur", 1.0, None), at("murmur", 2.0, 5.0), at("murmur", 4.0, 3.0),
+    ]}
+    (tmp_path / "old.json").write_text(json.dumps(stored))
+    run = rescore(tmp_path / "old.json", tmp_path / "new")
+    assert run["chosen_lr_scale"] == {"charlm": {"sync-equal": 1.0, "murmur": 4.0}}
+    summary = (tmp_path / "new" / "summary.md").read_text()
+    assert "charlm sync-equal 0.001 (×1);" in summary
+    assert "charlm murmur 0.004 (×4, at the grid's edge)." in summary

@@ -289,12 +289,23 @@ def run_bench(config: dict, out: Path) -> dict:
     multiprocessing.forkserver.ensure_running()
     bench_began = time.monotonic()
     results: list[dict] = []
-    runs = [("ideal", None), *config["runs"]]
-    total = sum(len(config["seeds"]) * len(config["mixes"][t]) * len(runs) for t in config["tasks"])
+    total = sum(len(config["seeds"]) * len(config["mixes"][t]) * len(task_runs(t, config)) for t in config["tasks"])
     with Progress(total=total, label="murmur bench") as progress:
         for task in config["tasks"]:
-            _bench_task(task, config, runs, out, progress, results)
+            _bench_task(task, config, task_runs(task, config), out, progress, results)
     return report({"config": config, "results": results, "wall_s": time.monotonic() - bench_began}, out)
+
+
+def task_runs(task: str, config: dict) -> list[tuple[str, float | None]]:
+    """The (method, learning-rate scale) pairs `config` runs on `task`, the ideal first (None: the task's chosen scale).
+
+    A config with "lr_factors" (the sweep) runs each of its runs at each factor times its scale.
+    """
+    runs = [(m, s) for m, s in config["runs"]]
+    if factors := config.get("lr_factors"):
+        chosen = TASKS[task]["lr_scale"]
+        runs = [(m, (chosen.get(m, 1.0) if s is None else s) * f) for f in factors for m, s in runs]
+    return [("ideal", None), *runs]
 
 
 def _bench_task(task: str, config: dict, runs: list, out: Path, progress: Progress, results: list[dict]) -> None:

@@ -16,8 +16,8 @@ from murmur.node.lab.bench_config import (
     QUICK,
     SLOW_LINK,
     SWEEP,
+    SWEEP_FACTORS,
     SWEEP_METHODS,
-    SWEEP_SCALES,
     TASKS,
 )
 from murmur.node.lab.bench_report import rescore
@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds")
     parser.add_argument("--out", type=Path, default=Path("results/bench"))
     parser.add_argument("--sweep-lr", action="store_true",
-                        help=f"run {SWEEP_METHODS} at learning-rate scales {SWEEP_SCALES} instead and print the best of each "
-                             "(default: charlm and digits, headline mix, 2 seeds)")
+                        help=f"run {SWEEP_METHODS} at {SWEEP_FACTORS} times the learning rate each trains at now and print "
+                             "the best of each (charlm and digits, headline mix, 3 seeds); with --methods, exactly the points named")
     parser.add_argument("--link-mbit", type=_link_mbit, default=None, metavar="MBIT[,MBIT...]",
                         help="slow links: cap every peer's link at MBIT Mbit/s, or each peer's in peer order (100,50,20,10); "
                              "one network namespace per peer and rank (needs root). Runs SLOW_LINK (charlm-large, headline mix, "
@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.methods:
         try:
             config["runs"] = [_method_arg(m) for m in args.methods.split(",")]
+            config.pop("lr_factors", None)  # a sweep of named points runs exactly those
         except ValueError as e:
             parser.error(str(e))
     if args.seeds:

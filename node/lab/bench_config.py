@@ -65,15 +65,17 @@ def at_chosen_lr(methods: list[str]) -> list[tuple[str, None]]:
 
 
 SWEEP_METHODS = ["sync-equal", "sync-proportional", "murmur"]
-SWEEP_SCALES = [0.25, 0.5, 1.0, 2.0, 4.0, 8.0]  # ×2 grid around each task's own learning rate (digits' best is ×8)
+# A ×2 grid around the rate each method trains at now (`lr_scale`): the choice is confirmed when it beats both
+# neighbours, and a best rate at an edge says which way to sweep on. A config's "lr_factors" multiply its runs' scales.
+SWEEP_FACTORS = [0.25, 0.5, 1.0, 2.0, 4.0]
 # The default run fits 15 minutes on 2 cores: digits' homogeneous and mild mixes and the `murmur-work` row (today
 # exactly `murmur`'s defaults: average, work weights, own Adam moments) run with `--mixes` / `--methods`.
 DEFAULT = {"tasks": ["digits", "charlm"], "mixes": {"digits": ["headline", "extreme"], "charlm": ["headline"]},
            "seeds": [0, 1, 2], "max_s": {"digits": 25.0, "charlm": 60.0},
            "runs": at_chosen_lr(["sync-equal", "sync-proportional", "diloco", "murmur-uniform", "murmur"])}
 QUICK = {"tasks": ["digits"], "mixes": {"digits": ["headline"]}, "seeds": [0], "max_s": {"digits": 20.0}, "runs": at_chosen_lr(METHODS)}
-SWEEP = {"tasks": ["charlm", "digits"], "mixes": {"charlm": ["headline"], "digits": ["headline"]}, "seeds": [0, 1],
-         "max_s": DEFAULT["max_s"], "sweep": True, "runs": [(m, s) for s in SWEEP_SCALES for m in SWEEP_METHODS]}
+SWEEP = {"tasks": ["charlm", "digits"], "mixes": {"charlm": ["headline"], "digits": ["headline"]}, "seeds": [0, 1, 2],
+         "max_s": DEFAULT["max_s"], "sweep": True, "runs": at_chosen_lr(SWEEP_METHODS), "lr_factors": SWEEP_FACTORS}
 # Slow links (`murmur bench --link-mbit`, root): the 2M-parameter LM over capped links, the baselines over the same
 # links. Murmur runs with its own exchange cadence; nothing is tuned per link. The uneven variant gives each peer of
 # the headline mix its own cap, in peer order (`--link-mbit 100,50,20,10`). 180 s: at 20 Mbit/s one all-reduce of the

@@ -50,13 +50,19 @@ def report(run: dict, out: Path) -> dict:
         run["chosen_lr_scale"] = chosen = choose_lr(run["results"])
         summary += "\nBest learning rate (median time to target, then metric at equal samples): " + "; ".join(
             f"{task} {method} {run_lr(next(r for r in run['results'] if (r['task'], r['method'], r['lr_scale']) == (task, method, scale))):.3g} "
-            f"(×{scale:g})" for task, picks in chosen.items() for method, scale in picks.items()
+            f"(×{scale:g}{_edge(run['results'], task, method, scale)})" for task, picks in chosen.items() for method, scale in picks.items()
         ) + ".\n"
         (out / "results.json").write_text(json.dumps(run, indent=1))
     (out / "summary.md").write_text(summary)
     plot(run["results"], out)
     print(summary)
     return run
+
+
+def _edge(results: list[dict], task: str, method: str, scale: float) -> str:
+    """", at the grid's edge" when no swept rate of the method lies beyond `scale` on one side: sweep on that way."""
+    swept = {r["lr_scale"] for r in results if (r["task"], r["method"]) == (task, method)}
+    return ", at the grid's edge" if len(swept) > 1 and scale in (min(swept), max(swept)) else ""
 
 
 def rescore(results_file: Path, out: Path) -> dict:
