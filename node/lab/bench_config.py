@@ -15,6 +15,7 @@ TASKS = {
     # digits' spec fixes SGD at lr 0.05 (momentum 0.9); the sweep (2 seeds, ×0.25-×8, live weights) found ×8 best for
     # sync-equal and ×4 for murmur. With the weight average (3 seeds, docs/bench/digits-lr-with-average) murmur is
     # best at ×8 and sync-proportional at ×16 (×32 diverges); sync-equal stays at ×8, diloco trains at its rate.
+    # `murmur bench --sweep-lr` (3 seeds, ×2-×64, docs/bench/sweep-lr) confirms all three, each between worse neighbours.
     # Runs last 2-10 s, so every method evaluates (a few ms) every 0.25 s. Accuracy on the 360 held-out images swings
     # by ~1 point between evaluations, so sync-equal, read where it first crossed 0.95, read high there: every method
     # trains past 10,240 samples and is read at that count.
@@ -24,10 +25,12 @@ TASKS = {
                "local_steps": 8, "eval_every": 0.25, "equal_samples": 10_240},
     # A charlm step computes for ~24 ms on one core: at 80 ms the headline mix keeps ~0.8 of the 2 cores
     # busy training (at 40 ms it needed 1.65 and the emulated devices fell ~20 % behind their speeds).
-    # Every method trains at charlm's own rate: over 5 seeds sync-proportional reached loss 2.5 in 16.0 s (16.0-16.1)
-    # at ×1, 24.0 at ×0.5 and 18.0 (14.0-30.1) at ×2, its rate before (docs/bench/charlm-sync-proportional-lr).
+    # `murmur bench --sweep-lr` (3 seeds, ×0.25-×4, docs/bench/sweep-lr): with the weight average Murmur reaches loss
+    # 2.5 in 13 s (13-14) at ×2 against 15 s at ×1 and 29 s at ×4; sync-equal is best at ×2 too (39.4 s, erratic:
+    # 37-54, against 40.3 at ×1); sync-proportional stays at ×1 (16.1 s against 18.0 at ×2 and 24.1 at ×0.5).
     "charlm": {"step_time": 80.0, "target": 2.5, "metric": "loss", "higher": False, "max_s": 120.0,
-               "lr_scale": {}, "local_steps": 8},
+               "lr_scale": {"sync-equal": 2.0, **dict.fromkeys(["murmur-uniform", "murmur-work", "murmur"], 2.0)},
+               "local_steps": 8},
     # 2.15M parameters (8.6 MB of float32), the slow-link task. A step computes for ~410 ms on one thread (best of
     # 40, measured on the shared 2-core machine): at 1250 ms the headline mix keeps ~0.9 of the 2 cores busy
     # training (0.41 x (1 + 1 + 1/2 + 1/4) / 1.25). An evaluation (128 windows of 64 bytes) computes for ~0.6-1 s,
