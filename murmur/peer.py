@@ -30,7 +30,7 @@ import anyio.lowlevel
 import torch
 from torch import nn
 
-from murmur.node.averaging.averager import StateSyncRefused
+from murmur.node.averaging.state_sync import StateSyncRefused
 from murmur.node.learn.device import DeviceError, check_mixed_precision, resolve_device
 from murmur.node.learn.tasks import BUILTIN_TASKS, load_task
 from murmur.node.learn.user_loop import (

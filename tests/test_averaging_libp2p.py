@@ -81,7 +81,7 @@ async def test_a_newcomer_syncs_a_libp2p_peers_model() -> None:
             veteran.trainer.step()
         newcomer.table.observe(tv.peer_id, tv.addresses(), 0.0)
         with anyio.fail_after(20):
-            outcome = await newcomer.sync_from_swarm()
+            outcome = await newcomer.state_sync.sync_from_swarm()
         assert outcome.result == "synced" and outcome.partner == tv.peer_id
         assert_state_close(newcomer.trainer.snapshot().state, veteran.trainer.snapshot().state)
         assert newcomer.trainer.weight == veteran.trainer.weight

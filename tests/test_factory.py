@@ -7,8 +7,9 @@ import random
 import anyio
 import pytest
 
-from murmur.node.averaging.averager import AVERAGE_PROTOCOL, STATE_PROTOCOL
+from murmur.node.averaging.averager import AVERAGE_PROTOCOL
 from murmur.node.averaging.factory import build_averager
+from murmur.node.averaging.state_sync import STATE_PROTOCOL
 from murmur.node.learn.runtime import Runtime
 from murmur.node.learn.tasks import DigitsTask
 from murmur.node.learn.trainer import Trainer

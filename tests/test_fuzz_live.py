@@ -8,7 +8,8 @@ import anyio
 import pytest
 from libp2p.crypto.ed25519 import create_new_key_pair
 
-from murmur.node.averaging.averager import AVERAGE_PROTOCOL, STATE_PROTOCOL
+from murmur.node.averaging.averager import AVERAGE_PROTOCOL
+from murmur.node.averaging.state_sync import STATE_PROTOCOL
 from murmur.node.net.libp2p_transport import Libp2pTransport
 from murmur.node.net.membership import PEERS_PROTOCOL
 from murmur.node.net.security import BanList, GuardedTransport

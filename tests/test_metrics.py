@@ -9,7 +9,8 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from murmur.node.averaging.averager import AVERAGE_PROTOCOL, Outcome
+from murmur.node.averaging.averager import AVERAGE_PROTOCOL
+from murmur.node.averaging.outcome import Outcome
 from murmur.node.net.identity import load_or_create_identity
 from murmur.node.net.membership import PEERS_PROTOCOL
 from murmur.node.ops.metrics import NodeMetrics, Traffic

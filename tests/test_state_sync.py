@@ -10,7 +10,7 @@ import pytest
 import trio.testing
 from averager_harness import BATCH, TIMEOUT, assert_state_close, make_peer, peers, running, stall
 
-from murmur.node.averaging.averager import STATE_PROTOCOL
+from murmur.node.averaging.state_sync import STATE_PROTOCOL
 from murmur.node.net.transport import MemoryNetwork
 
 pytestmark = pytest.mark.anyio
@@ -25,7 +25,7 @@ async def test_a_newcomer_adopts_a_live_peers_model_by_state_sync() -> None:
     async with peers(2) as (veteran, newcomer):
         veteran.steps(5)
         newcomer.know(veteran)
-        outcome = await newcomer.averager.sync_from_swarm()
+        outcome = await newcomer.averager.state_sync.sync_from_swarm()
         assert (outcome.result, outcome.reason) == ("synced", f"adopted a model of weight {5 * BATCH}")
         assert_state_close(newcomer.state(), veteran.state())
         assert newcomer.trainer.weight == veteran.trainer.weight == 5 * BATCH
@@ -39,8 +39,8 @@ async def test_a_resumed_peer_far_behind_catches_up_but_a_current_one_keeps_its_
         stale.know(veteran)
         current.know(veteran)
         before = current.state()
-        caught_up = await stale.averager.sync_from_swarm(behind_ratio=2.0)
-        kept = await current.averager.sync_from_swarm(behind_ratio=2.0)
+        caught_up = await stale.averager.state_sync.sync_from_swarm(behind_ratio=2.0)
+        kept = await current.averager.state_sync.sync_from_swarm(behind_ratio=2.0)
         assert caught_up.result == "synced"
         assert_state_close(stale.state(), veteran.state())
         assert (kept.result, kept.reason) == ("kept", "peer's weight 320 is not 2x ours (256)")
@@ -57,13 +57,13 @@ async def test_state_sync_is_refused_across_runs_and_a_stalled_peer_times_out() 
         other.steps(1)
         before = newcomer.state()
         newcomer.know(other)
-        refused = await newcomer.averager.sync_from_swarm(attempts=1)
+        refused = await newcomer.averager.state_sync.sync_from_swarm(attempts=1)
         assert (refused.result, refused.reason) == (
             "failed", "StateSyncRefused: task mismatch: run id 'digits' != 'other-run'"
         )  # fmt: skip
         newcomer.averager.table.forget(other.id)
         newcomer.averager.table.observe(staller.peer_id, staller.addresses(), 0.0)
-        stalled = await newcomer.averager.sync_from_swarm(attempts=1)
+        stalled = await newcomer.averager.state_sync.sync_from_swarm(attempts=1)
         assert stalled.result == "failed" and stalled.reason.startswith("TimeoutError")
         assert anyio.current_time() == pytest.approx(TIMEOUT)
         assert_state_close(newcomer.state(), before)

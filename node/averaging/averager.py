@@ -1,4 +1,4 @@
-"""Pairwise averaging and state sync over the `/murmur/average` and `/murmur/state` protocols.
+"""Pairwise averaging over the `/murmur/average` protocol (state sync: `state_sync.py`).
 
 An exchange is initiator → Offer (with the wire dtype), responder → Accept | Busy |
 Refuse, then both stream their models at once (Params + Chunks each way), then each
@@ -21,6 +21,8 @@ from typing import Any
 import anyio
 
 from murmur.node.averaging import params
+from murmur.node.averaging.outcome import Outcome
+from murmur.node.averaging.state_sync import StateSync
 from murmur.node.learn.rules import MixDecision
 from murmur.node.learn.runtime import Runtime
 from murmur.node.learn.screening import ClippedGossip, WorkClaimLimiter
@@ -32,24 +34,11 @@ from murmur.node.net.security import BanList
 from murmur.node.net.transport import ByteStream, Transport, TransportError
 from murmur.protocol.codec import WIRE_DTYPES, WireState, check_wire_dtype
 from murmur.protocol.errors import OFFENCES, ProtocolError
-from murmur.protocol.exchange import AVERAGE, STATE_SYNC, Exchange, Role
-from murmur.protocol.messages import Abort, Accept, Busy, Commit, Offer, Refuse, StateReply, StateRequest
+from murmur.protocol.exchange import AVERAGE, Exchange, Role
+from murmur.protocol.messages import Abort, Accept, Busy, Commit, Offer, Refuse
 
 AVERAGE_PROTOCOL = "/murmur/average/2.0.0"
-STATE_PROTOCOL = "/murmur/state/2.0.0"
 log = logging.getLogger("murmur.averager")
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How one exchange ended: merged, busy, refused, failed (with the reason)."""
-
-    result: str
-    partner: str
-    reason: str
-    duration_s: float = 0.0
-    remote_share: float = 0.0
-    bytes_sent: int = 0
 
 
 @dataclass(frozen=True)
@@ -117,6 +106,8 @@ class Averager:
         # A big model over a slow link needs more than a fixed timeout: give the transfer time at the slowest link served.
         self.timeout_s = exchange_timeout + self._max_params * 8 / (min_link_mbit * 1e6)
         self._created = runtime.monotonic()
+        self.state_sync = StateSync(transport, trainer, table, identity, rng=rng, timeout_s=self.timeout_s,
+                                    max_params=self._max_params, wire_dtype=self.wire_dtype, runtime=runtime)
 
     def local_rate(self) -> float:
         """This peer's own samples/s since start: the yardstick for partners' claims."""
@@ -331,78 +322,3 @@ class Averager:
         level = logging.INFO if outcome.result in ("merged", "refused", "rejected") else logging.DEBUG
         log.log(level, "exchange with %s: %s (%s) in %.3fs", outcome.partner[-8:], outcome.result, outcome.reason, outcome.duration_s)
         return outcome
-
-    async def serve_state(self, stream: ByteStream) -> None:
-        """Answer one state-sync request (the `/murmur/state` stream handler)."""
-        conv = Conversation(stream, Exchange(Role.RESPONDER, STATE_SYNC))
-        try:
-            with anyio.fail_after(self.timeout_s):
-                request = await conv.receive(StateRequest)
-                assert isinstance(request, StateRequest)
-                mismatch = self.identity.mismatch(request.run_id, request.fingerprint)
-                if mismatch:
-                    await conv.send(Refuse(mismatch))
-                    log.warning("refused state sync from %s: %s", stream.remote_peer[-8:], mismatch)
-                else:
-                    snapshot = await self.runtime.run_sync(self.trainer.snapshot, request.wire_dtype)
-                    await conv.send(StateReply(snapshot.weight))
-                    await params.send_params(conv, snapshot.state, self.trainer.spec)
-                await stream.close()
-                return
-        except (TimeoutError, ProtocolError, TransportError) as exc:
-            log.info("state sync for %s failed: %s", stream.remote_peer[-8:], exc or type(exc).__name__)
-        await stream.reset()
-
-    async def fetch_state(self, peer_id: str, addrs: list[str]) -> tuple[WireState, float]:
-        """Download a peer's current model and weight, validated against ours.
-
-        Raises `TransportError`, `ProtocolError` (including `Refuse` as
-        `StateSyncRefused`) or `TimeoutError`; the local model is not touched.
-        """
-        stream = await self.transport.open_stream(peer_id, addrs, STATE_PROTOCOL)
-        conv = Conversation(stream, Exchange(Role.INITIATOR, STATE_SYNC, max_params_bytes=self._max_params))
-        try:
-            with anyio.fail_after(self.timeout_s):
-                await conv.send(StateRequest(self.identity.run_id, self.identity.fingerprint, self.wire_dtype))
-                reply = await conv.receive(StateReply, Refuse)
-                if isinstance(reply, Refuse):
-                    raise StateSyncRefused(reply.reason)
-                assert isinstance(reply, StateReply)
-                state = await params.receive_params(conv, self.trainer.spec, self.wire_dtype, self.runtime.run_sync)
-                await stream.close()
-                return state, reply.work
-        except BaseException:
-            await stream.reset()
-            raise
-
-    async def sync_from_swarm(self, attempts: int = 3, behind_ratio: float = 0.0) -> Outcome:
-        """Before the first step: adopt a live peer's model and weight, if any answers.
-
-        A node resuming from a checkpoint passes `behind_ratio`: it adopts the peer's
-        model only if that carries at least `behind_ratio` times its own work weight, so
-        a stale peer catches up instead of dragging its neighbours back.
-        """
-        tried: set[str] = set()
-        outcome = Outcome("no-partner", "", "no known peers")
-        for _ in range(attempts):
-            entry, reason = self.table.select_partner(self.rng, tried)
-            if entry is None:
-                return outcome if tried else Outcome("no-partner", "", reason)
-            tried.add(entry.peer_id)
-            start = self.runtime.monotonic()
-            try:
-                state, weight = await self.fetch_state(entry.peer_id, entry.addrs)
-            except (TimeoutError, ProtocolError, TransportError) as exc:
-                outcome = Outcome("failed", entry.peer_id, f"{type(exc).__name__}: {exc}")
-                continue
-            if weight < behind_ratio * self.trainer.weight:
-                return Outcome("kept", entry.peer_id, f"peer's weight {weight:.0f} is not {behind_ratio:g}x ours ({self.trainer.weight:.0f})")
-            await self.runtime.run_sync(self.trainer.adopt, state, weight)
-            outcome = Outcome("synced", entry.peer_id, f"adopted a model of weight {weight:.0f}", self.runtime.monotonic() - start)
-            log.info("state sync from %s: %s in %.3fs", entry.peer_id[-8:], outcome.reason, outcome.duration_s)
-            return outcome
-        return outcome
-
-
-class StateSyncRefused(ProtocolError):
-    """The peer refused to share its model (it trains another task)."""

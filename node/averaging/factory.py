@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import random
 
-from murmur.node.averaging.averager import AVERAGE_PROTOCOL, STATE_PROTOCOL, Averager
+from murmur.node.averaging.averager import AVERAGE_PROTOCOL, Averager
+from murmur.node.averaging.state_sync import STATE_PROTOCOL
 from murmur.node.learn.runtime import Runtime
 from murmur.node.learn.screening import ClippedGossip, WorkClaimLimiter
 from murmur.node.learn.trainer import Trainer
@@ -49,5 +50,5 @@ def build_averager(
         runtime=runtime,
     )  # fmt: skip
     transport.set_handler(AVERAGE_PROTOCOL, averager.serve_exchange)
-    transport.set_handler(STATE_PROTOCOL, averager.serve_state)
+    transport.set_handler(STATE_PROTOCOL, averager.state_sync.serve)
     return averager

@@ -19,7 +19,7 @@ from prometheus_client import Counter as PromCounter
 from murmur.node.net.transport import READ_CHUNK, ByteStream, ForwardingStream, StreamHandler
 
 if TYPE_CHECKING:
-    from murmur.node.averaging.averager import Outcome
+    from murmur.node.averaging.outcome import Outcome
     from murmur.node.net.transport import Transport
 
 # Exchanges take milliseconds on loopback and up to the exchange timeout (10 s default) when a partner stalls.

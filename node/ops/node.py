@@ -24,8 +24,8 @@ import anyio
 import torch
 from libp2p.crypto.keys import KeyPair
 
-from murmur.node.averaging.averager import Outcome
 from murmur.node.averaging.factory import build_averager
+from murmur.node.averaging.outcome import Outcome
 from murmur.node.learn.checkpoint import load_latest, save_checkpoint
 from murmur.node.learn.device import describe, resolve_device
 from murmur.node.learn.rules import MergeRule, make_rule
@@ -178,7 +178,7 @@ class Node:
             log.info("joined through %d of %d bootstrap peers", joined, len(cfg.bootstrap))
             if cfg.sync_state:
                 ratio = cfg.catch_up_ratio if self.resumed_from else 0.0
-                outcome = self.sync_outcome = await self.averager.sync_from_swarm(behind_ratio=ratio)
+                outcome = self.sync_outcome = await self.averager.state_sync.sync_from_swarm(behind_ratio=ratio)
                 if outcome.result != "synced":
                     log.info("no state sync (%s): training from the %s model", outcome.reason, "resumed" if self.resumed_from else "initial")
         async with anyio.create_task_group() as tg:

@@ -144,7 +144,7 @@ class GossipSimulation:
                 self.topology.join(peer.peer_id, peer.rng)
                 task_status.started()
                 if newcomer:
-                    await peer.averager.sync_from_swarm()
+                    await peer.averager.state_sync.sync_from_swarm()
                 peer.ready = True
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._train, peer)

@@ -1,0 +1,126 @@
+"""State sync over `/murmur/state`: a newcomer (or a peer resuming far behind) adopts a live peer's model.
+
+The requester sends its run and task fingerprint and the wire dtype it wants; the peer answers
+Refuse (another task) or StateReply (its work weight) and its model as Params + Chunks, validated
+against the requester's model before anything is adopted.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import anyio
+
+from murmur.node.averaging import params
+from murmur.node.averaging.outcome import Outcome
+from murmur.node.learn.runtime import Runtime
+from murmur.node.learn.trainer import Trainer
+from murmur.node.net.conversation import Conversation
+from murmur.node.net.membership import TaskIdentity
+from murmur.node.net.peers import PeerTable
+from murmur.node.net.transport import ByteStream, Transport, TransportError
+from murmur.protocol.codec import WireState
+from murmur.protocol.errors import ProtocolError
+from murmur.protocol.exchange import STATE_SYNC, Exchange, Role
+from murmur.protocol.messages import Refuse, StateReply, StateRequest
+
+STATE_PROTOCOL = "/murmur/state/2.0.0"
+log = logging.getLogger("murmur.averager")
+
+
+class StateSyncRefused(ProtocolError):
+    """The peer refused to share its model (it trains another task)."""
+
+
+class StateSync:
+    """This node's side of state sync: serves its model, and fetches and adopts a peer's.
+
+    `timeout_s` bounds one whole transfer; `max_params` bounds the bytes a reply's model may
+    take; `wire_dtype` is the dtype this node asks for.
+    """
+
+    def __init__(
+        self, transport: Transport, trainer: Trainer, table: PeerTable, identity: TaskIdentity, *,
+        rng: random.Random, timeout_s: float, max_params: int, wire_dtype: str, runtime: Runtime,
+    ) -> None:
+        self.transport = transport
+        self.trainer = trainer
+        self.table = table
+        self.identity = identity
+        self.rng = rng
+        self.timeout_s = timeout_s
+        self.max_params = max_params
+        self.wire_dtype = wire_dtype
+        self.runtime = runtime
+
+    async def serve(self, stream: ByteStream) -> None:
+        """Answer one state-sync request (the `/murmur/state` stream handler)."""
+        conv = Conversation(stream, Exchange(Role.RESPONDER, STATE_SYNC))
+        try:
+            with anyio.fail_after(self.timeout_s):
+                request = await conv.receive(StateRequest)
+                assert isinstance(request, StateRequest)
+                mismatch = self.identity.mismatch(request.run_id, request.fingerprint)
+                if mismatch:
+                    await conv.send(Refuse(mismatch))
+                    log.warning("refused state sync from %s: %s", stream.remote_peer[-8:], mismatch)
+                else:
+                    snapshot = await self.runtime.run_sync(self.trainer.snapshot, request.wire_dtype)
+                    await conv.send(StateReply(snapshot.weight))
+                    await params.send_params(conv, snapshot.state, self.trainer.spec)
+                await stream.close()
+                return
+        except (TimeoutError, ProtocolError, TransportError) as exc:
+            log.info("state sync for %s failed: %s", stream.remote_peer[-8:], exc or type(exc).__name__)
+        await stream.reset()
+
+    async def fetch(self, peer_id: str, addrs: list[str]) -> tuple[WireState, float]:
+        """Download a peer's current model and weight, validated against ours.
+
+        Raises `TransportError`, `ProtocolError` (including `Refuse` as
+        `StateSyncRefused`) or `TimeoutError`; the local model is not touched.
+        """
+        stream = await self.transport.open_stream(peer_id, addrs, STATE_PROTOCOL)
+        conv = Conversation(stream, Exchange(Role.INITIATOR, STATE_SYNC, max_params_bytes=self.max_params))
+        try:
+            with anyio.fail_after(self.timeout_s):
+                await conv.send(StateRequest(self.identity.run_id, self.identity.fingerprint, self.wire_dtype))
+                reply = await conv.receive(StateReply, Refuse)
+                if isinstance(reply, Refuse):
+                    raise StateSyncRefused(reply.reason)
+                assert isinstance(reply, StateReply)
+                state = await params.receive_params(conv, self.trainer.spec, self.wire_dtype, self.runtime.run_sync)
+                await stream.close()
+                return state, reply.work
+        except BaseException:
+            await stream.reset()
+            raise
+
+    async def sync_from_swarm(self, attempts: int = 3, behind_ratio: float = 0.0) -> Outcome:
+        """Before the first step: adopt a live peer's model and weight, if any answers.
+
+        A node resuming from a checkpoint passes `behind_ratio`: it adopts the peer's
+        model only if that carries at least `behind_ratio` times its own work weight, so
+        a stale peer catches up instead of dragging its neighbours back.
+        """
+        tried: set[str] = set()
+        outcome = Outcome("no-partner", "", "no known peers")
+        for _ in range(attempts):
+            entry, reason = self.table.select_partner(self.rng, tried)
+            if entry is None:
+                return outcome if tried else Outcome("no-partner", "", reason)
+            tried.add(entry.peer_id)
+            start = self.runtime.monotonic()
+            try:
+                state, weight = await self.fetch(entry.peer_id, entry.addrs)
+            except (TimeoutError, ProtocolError, TransportError) as exc:
+                outcome = Outcome("failed", entry.peer_id, f"{type(exc).__name__}: {exc}")
+                continue
+            if weight < behind_ratio * self.trainer.weight:
+                return Outcome("kept", entry.peer_id, f"peer's weight {weight:.0f} is not {behind_ratio:g}x ours ({self.trainer.weight:.0f})")
+            await self.runtime.run_sync(self.trainer.adopt, state, weight)
+            outcome = Outcome("synced", entry.peer_id, f"adopted a model of weight {weight:.0f}", self.runtime.monotonic() - start)
+            log.info("state sync from %s: %s in %.3fs", entry.peer_id[-8:], outcome.reason, outcome.duration_s)
+            return outcome
+        return outcome
