@@ -188,3 +188,20 @@ def test_a_sweep_picks_the_fastest_rate_and_says_when_it_lies_at_the_grids_edge(
     summary = (tmp_path / "new" / "summary.md").read_text()
     assert "charlm sync-equal 0.001 (×1);" in summary
     assert "charlm murmur 0.004 (×4, at the grid's edge)." in summary
+
+
+def test_without_a_fixed_budget_every_run_after_sync_equal_trains_as_far_as_it_needed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from murmur.node.lab import bench
+
+    asked = []
+
+    def fake(task, slowdowns, method, seed, max_s, root, scale, caps, decay, min_samples):  # noqa: ANN001
+        asked.append((method, min_samples))
+        curve = [{"t": 0.0, "samples": 0, "loss": 5.0}, {"t": 9.0, "samples": 4096, "loss": 2.4}]
+        return {"task": task, "method": method, "samples_per_s": 500.0, "time_to_target": 9.0 if method == "sync-equal" else 3.0,
+                "peers": [{"idle_fraction": 0.0}], "curve": curve}
+
+    monkeypatch.setattr(bench, "run_method", fake)
+    config = {"seeds": [0], "mixes": {"charlm": ["pair"]}, "max_s": {"charlm": 5.0}, "runs": [("sync-equal", None), ("murmur", None)]}
+    bench._bench_task("charlm", config, bench.task_runs("charlm", config), tmp_path, bench.Progress(total=3, label="t"), [])
+    assert asked == [("ideal", 0), ("sync-equal", 0), ("murmur", 4096)]

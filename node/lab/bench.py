@@ -90,9 +90,11 @@ def _reached(value: float, target: float, higher: bool) -> bool:
 
 def run_murmur(
     task: str, slowdowns: list[float], method: str, seed: int, max_s: float, root: Path, lr_scale: float = 1.0,
-    links: list[Netns] | None = None, ema_decay: float = 0.0,
+    links: list[Netns] | None = None, ema_decay: float = 0.0, min_samples: int = 0,
 ) -> dict[str, Any]:
     """Run one swarm of Murmur `method` (or, with `method="ideal"`, lone peers); return its results.
+
+    The run ends at `max_s`, or once the median peer reached the target with `min_samples` trained.
 
     Peers join first; once every peer is ready (status phase "waiting", knowing all the
     others) the start file tells them all one start time, t=0 of the run. With `links`
@@ -134,7 +136,7 @@ def run_murmur(
             time.sleep(0.5)
             grid = _median_curve(dirs, spec["metric"], start_at, _grid_s(spec))
             if method != "ideal" and grid and _reached(grid[-1]["value"], spec["target"], spec["higher"]) \
-                    and grid[-1]["samples"] >= spec.get("equal_samples", 0):
+                    and grid[-1]["samples"] >= min_samples:
                 time.sleep(1.0)  # one more grid point, then stop everyone
                 break
     finally:
@@ -236,9 +238,11 @@ def _murmur_result(task: str, slowdowns: list[float], method: str, dirs: list[Pa
 
 def run_method(
     task: str, slowdowns: list[float], method: str, seed: int, max_s: float, root: Path, lr_scale: float | None = None,
-    link_mbit: list[float] | None = None, ema_decay: float = 0.0,
+    link_mbit: list[float] | None = None, ema_decay: float = 0.0, min_samples: int = 0,
 ) -> dict:
     """Run one method (or the ideal) on the task's workload at `lr_scale` (default: the task's chosen scale).
+
+    A run that reaches its target trains on until `min_samples` (where methods are compared), within `max_s`.
 
     Every method evaluates a moving average of its weights with `ema_decay` (0: the live model).
 
@@ -252,11 +256,12 @@ def run_method(
             result = run_murmur(task, slowdowns, method, seed, max(6.0, 2 * spec.get("eval_every", 1.0)), root, links=links,
                                 ema_decay=ema_decay)
         elif method in MURMUR_ARGS:
-            result = run_murmur(task, slowdowns, method, seed, max_s, root, scale, links=links, ema_decay=ema_decay)
+            result = run_murmur(task, slowdowns, method, seed, max_s, root, scale, links=links, ema_decay=ema_decay,
+                                min_samples=min_samples)
         else:  # the synchronous baselines: their ranks run one thread each, like the peers
             mode = "diloco" if method == "diloco" else method.removeprefix("sync-")
             result = run_sync(task, slowdowns, mode, max_s, spec["step_time"], spec["target"], spec.get("eval_every", 1.0),
-                              seed=seed, lr_scale=scale, local_steps=spec["local_steps"], min_samples=spec.get("equal_samples", 0),
+                              seed=seed, lr_scale=scale, local_steps=spec["local_steps"], min_samples=min_samples,
                               ema_decay=ema_decay, links=links, work_dir=root)
     result["lr_scale"] = scale
     result["ema_decay"] = ema_decay
@@ -316,6 +321,9 @@ def _bench_task(task: str, config: dict, runs: list, out: Path, progress: Progre
             max_s = config["max_s"][task]
             caps = caps_for(config["link_mbit"], len(slowdowns)) if config.get("link_mbit") else None
             group = []
+            # Where methods are compared: the task's fixed count, else as many samples as sync-equal needed (it runs
+            # first), so that a faster method trains on to there instead of stopping at the target.
+            equal_samples = TASKS[task].get("equal_samples", 0)
             # The ideal is calibrated for every seed, next to the runs it is compared with.
             for method, scale in runs:
                 label = method if scale is None else f"{method}@lr×{scale:g}"
@@ -323,7 +331,9 @@ def _bench_task(task: str, config: dict, runs: list, out: Path, progress: Progre
                 progress.start(f"{task} {mix} seed {seed}: {label}")
                 began = time.monotonic()
                 r = run_method(task, slowdowns, method, seed, max_s, out / "runs" / f"{task}-{mix}-s{seed}-{label}", scale, caps,
-                               config.get("ema_decay", DEFAULT_DECAY))
+                               config.get("ema_decay", DEFAULT_DECAY), min_samples=equal_samples)
+                if method == "sync-equal" and r.get("time_to_target") and "equal_samples" not in TASKS[task]:
+                    equal_samples = max(equal_samples, r["curve"][-1]["samples"])
                 r.update(mix=mix, seed=seed, label=label, run_wall_s=time.monotonic() - began)  # start-up and teardown included
                 group.append(r)
                 progress.advance()

@@ -23,6 +23,6 @@ class CharLMLargeTask(CharLMTask):
     config = LARGE_CONFIG
     # 128 windows of 64 bytes (8192 predictions): one evaluation is 4 forward passes, ~0.3 s on one core.
     eval_windows = 128
-    # charlm's before its sweep; over 20 Mbit/s links (3 seeds) it beat 1.5e-3 and 6e-3 for both
+    # charlm's too; over 20 Mbit/s links (3 seeds) it beat 1.5e-3 and 6e-3 for both
     # sync-proportional and Murmur (docs/bench/slow-links-20mbit-lr).
     learning_rate = 3e-3
