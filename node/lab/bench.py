@@ -24,7 +24,7 @@ bytes sent, metric at equal total samples, consensus distance over time. Writes 
 markdown table to `--out`.
 
     murmur bench --quick            # ~50 s: digits, headline mix, 1 seed
-    murmur bench                    # default (see DEFAULT below), measured 13.2 min on 2 cores
+    murmur bench                    # default (see DEFAULT below), measured 13.6 min on 2 cores
     murmur bench --sweep-lr         # learning-rate sweep of the sync baselines and murmur (separate run)
     murmur bench --link-mbit 20     # slow links (SLOW_LINK): charlm-large, every peer capped at 20 Mbit/s (root)
     murmur bench --link-mbit 100,50,20,10   # the same with one cap per peer, in peer order (SLOW_LINK_UNEVEN)
