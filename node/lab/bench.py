@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from murmur.node.lab.bench_config import MIXES, MURMUR_ARGS, TASKS
-from murmur.node.lab.bench_report import base_lr, report, score
+from murmur.node.lab.bench_report import base_lr, equal_samples, report, score
 from murmur.node.lab.links import (
     LinkSpecError,
     LinksUnavailable,
@@ -321,9 +321,6 @@ def _bench_task(task: str, config: dict, runs: list, out: Path, progress: Progre
             max_s = config["max_s"][task]
             caps = caps_for(config["link_mbit"], len(slowdowns)) if config.get("link_mbit") else None
             group = []
-            # Where methods are compared: the task's fixed count, else as many samples as sync-equal needed (it runs
-            # first), so that a faster method trains on to there instead of stopping at the target.
-            equal_samples = TASKS[task].get("equal_samples", 0)
             # The ideal is calibrated for every seed, next to the runs it is compared with.
             for method, scale in runs:
                 label = method if scale is None else f"{method}@lr×{scale:g}"
@@ -331,9 +328,7 @@ def _bench_task(task: str, config: dict, runs: list, out: Path, progress: Progre
                 progress.start(f"{task} {mix} seed {seed}: {label}")
                 began = time.monotonic()
                 r = run_method(task, slowdowns, method, seed, max_s, out / "runs" / f"{task}-{mix}-s{seed}-{label}", scale, caps,
-                               config.get("ema_decay", DEFAULT_DECAY), min_samples=equal_samples)
-                if method == "sync-equal" and r.get("time_to_target") and "equal_samples" not in TASKS[task]:
-                    equal_samples = max(equal_samples, r["curve"][-1]["samples"])
+                               config.get("ema_decay", DEFAULT_DECAY), min_samples=equal_samples(task, group) or 0)
                 r.update(mix=mix, seed=seed, label=label, run_wall_s=time.monotonic() - began)  # start-up and teardown included
                 group.append(r)
                 progress.advance()

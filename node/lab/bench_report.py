@@ -23,17 +23,25 @@ def _at_samples(result: dict, metric: str, samples: float) -> float | None:
     return None
 
 
-def score(group: list[dict]) -> list[dict]:
-    """Add % of ideal and the metric at equal samples to one task, seed and mix's runs (ideal first)."""
-    metric = TASKS[group[0]["task"]]["metric"]
-    ideal = next(g["samples_per_s"] for g in group if g["method"] == "ideal")
-    # Equal samples: the task's fixed `equal_samples`, which every run trains past; else as many as sync-equal
-    # needed to reach its target (in a sweep, the best-tuned sync-equal's; a method that stopped before has none).
-    budget = TASKS[group[0]["task"]].get("equal_samples")
+def equal_samples(task: str, group: list[dict]) -> int | None:
+    """Where one task, seed and mix's runs are compared: the task's fixed `equal_samples`; else as many samples as
+    sync-equal needed to reach its target (in a sweep, the best-tuned sync-equal's). None while no sync-equal ran.
+
+    The bench passes it to each run as it goes (sync-equal runs first), so that a faster method trains on to it.
+    """
+    budget = TASKS[task].get("equal_samples")
     if budget is None:
         syncs = [g for g in group if g["method"] == "sync-equal" and g["curve"]]
         best = min(syncs, key=lambda g: g.get("time_to_target") or float("inf"), default=None)
         budget = best["curve"][-1]["samples"] if best else None
+    return budget
+
+
+def score(group: list[dict]) -> list[dict]:
+    """Add % of ideal and the metric at equal samples to one task, seed and mix's runs (ideal first)."""
+    metric = TASKS[group[0]["task"]]["metric"]
+    ideal = next(g["samples_per_s"] for g in group if g["method"] == "ideal")
+    budget = equal_samples(group[0]["task"], group)  # a method that stopped before it has no reading
     for g in group:
         g.setdefault("label", g["method"])
         g["pct_of_ideal"] = g["samples_per_s"] / ideal if ideal else None
