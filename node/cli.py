@@ -1,7 +1,7 @@
 """The `murmur` command: `run` a peer, `demo` a local swarm, `bench` against all-reduce,
 show a node's `status`, print its `id`.
 
-It sits above `murmur.node.ops` (the running node) and `murmur.node.lab` (benchmark and demo), which
+It sits above `murmur.node.ops` (the running node) and `lab` (benchmark and demo), which
 know nothing of it; each subcommand imports what it needs when it runs, so `murmur
 status` stays free of torch.
 """
@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="murmur", description="Decentralized gossip training of PyTorch models.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("run", help="run a peer (the daemon; see --help)", add_help=False)  # parsed by murmur.node.ops.run
-    demo = sub.add_parser("demo", help="run a local swarm of emulated heterogeneous peers")
+    demo = sub.add_parser("demo", help="run a local swarm of emulated heterogeneous peers (from a checkout)")
     demo.add_argument("--peers", type=int, default=4)
     demo.add_argument("--slowdowns", default="1,1,2,4", help="comma-separated slowdown per peer (cycled)")
     demo.add_argument("--duration", type=float, default=60.0, help="seconds of training")
@@ -30,12 +30,25 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--step-time", type=float, default=20.0, metavar="MS", help="emulated ms per 32 samples at slowdown 1")
     demo.add_argument("--no-sync", action="store_true", help="skip the synchronous baseline run")
     demo.add_argument("--out", type=Path, default=Path("murmur-demo"), help="folder for peer data, summary and plot")
-    sub.add_parser("bench", help="heterogeneous-swarm benchmark vs synchronous all-reduce (see --help)", add_help=False)
+    sub.add_parser("bench", help="heterogeneous-swarm benchmark vs synchronous all-reduce (from a checkout; see --help)",
+                   add_help=False)
     sub.add_parser("status", help="show a running node's state, or check its health (see --help)", add_help=False)
     ident = sub.add_parser("id", help="print this node's peer ID (creating its key if needed)")
     ident.add_argument("--data-dir", type=Path, default=Path(os.environ.get("MURMUR_DATA_DIR", DEFAULT_DATA_DIR)).expanduser(),
                        help="the node's data dir (default $MURMUR_DATA_DIR or ~/.murmur)")
     return parser
+
+
+def _find_lab(command: str) -> bool:
+    """Put the checkout's `lab/` on the import path; False (having said why) if this install has none."""
+    checkout = Path(__file__).resolve().parents[1]  # node/cli.py in a checkout; murmur/node/cli.py in a wheel
+    if not (checkout / "lab" / "__init__.py").is_file():
+        print(f"murmur {command}: this needs the lab, which runs from a source checkout: clone Murmur and run "
+              f"scripts/setup.sh there (it installs the lab's extra, '.[lab]')", file=sys.stderr)  # fmt: skip
+        return False
+    if str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
+    return True
 
 
 def cmd_id(args: argparse.Namespace) -> int:
@@ -51,7 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         if argv[:1] == ["run"]:
             return run.main(argv[1:])
         if argv[:1] == ["bench"]:
-            from murmur.node.lab.bench_cli import main as bench_main
+            if not _find_lab("bench"):
+                return 2
+            from lab.bench_cli import main as bench_main
 
             return bench_main(argv[1:])
         if argv[:1] == ["status"]:  # no torch import: cheap enough for a container's HEALTHCHECK
@@ -61,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.command == "id":
             return cmd_id(args)
-        from murmur.node.lab.demo import run_demo
+        if not _find_lab("demo"):
+            return 2
+        from lab.demo import run_demo
 
         return run_demo(args)
 

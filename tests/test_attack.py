@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from murmur.node.lab.swarm import Peer, start_peer, start_swarm, stop_swarm, wait_for_address
+from lab.swarm import Peer, start_peer, start_swarm, stop_swarm, wait_for_address
 
 pytestmark = pytest.mark.slow
 DURATION = 15.0
 EXTRA = ["--task", "digits", "--step-time", "20", "--duration", str(DURATION)]
-ADVERSARY = [sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "adversary.py")]
+ADVERSARY = [sys.executable, "-m", "lab.adversary"]
 
 
 def final_accuracy(peers: list[Peer]) -> float:

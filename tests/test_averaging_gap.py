@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from murmur.node.learn.tasks import DigitsTask
-from scripts.averaging_gap import make_optimizer, train_replicas, train_sync
+from lab.averaging_gap import make_optimizer, train_replicas, train_sync
 
 
 def _flat(model: torch.nn.Module) -> torch.Tensor:

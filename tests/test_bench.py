@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from murmur.node.lab.bench import run_bench
-from murmur.node.lab.bench_config import METHODS, at_chosen_lr
+from lab.bench import run_bench
+from lab.bench_config import METHODS, at_chosen_lr
 from murmur.node.learn.weight_average import DEFAULT_DECAY
 
 
@@ -33,7 +33,7 @@ def test_smallest_bench_runs_every_method_and_writes_its_outputs(tmp_path: Path)
 
 
 def test_metric_at_equal_samples_interpolates_between_evaluations() -> None:
-    from murmur.node.lab.bench_report import _at_samples
+    from lab.bench_report import _at_samples
 
     run = {"curve": [{"samples": 0, "loss": 5.0}, {"samples": 1000, "loss": 3.0}, {"samples": 3000, "loss": 2.0}]}
     assert _at_samples(run, "loss", 500) == pytest.approx(4.0)
@@ -50,7 +50,7 @@ def _run(task: str, method: str, samples_per_s: float, curve: list[tuple[int, fl
 
 
 def test_rescore_scores_stored_runs_again_and_redraws_the_table(tmp_path: Path) -> None:
-    from murmur.node.lab.bench_report import rescore
+    from lab.bench_report import rescore
 
     stored = {"config": {}, "wall_s": 60.0, "results": [
         _run("charlm", "ideal", 400.0, [(0, 5.0), (400, 4.0)]),
@@ -67,8 +67,8 @@ def test_rescore_scores_stored_runs_again_and_redraws_the_table(tmp_path: Path) 
 
 
 def test_a_task_with_a_fixed_budget_reads_every_method_there_not_where_sync_equal_crossed() -> None:
-    from murmur.node.lab.bench_config import TASKS
-    from murmur.node.lab.bench_report import score
+    from lab.bench_config import TASKS
+    from lab.bench_report import score
 
     budget = TASKS["digits"]["equal_samples"]
     group = score([
@@ -86,7 +86,7 @@ def test_a_task_with_a_fixed_budget_reads_every_method_there_not_where_sync_equa
 def test_swarm_peers_are_started_with_one_torch_thread_each(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Stand-in processes that record what `murmur run` would be told, and have already exited:
     # the run stops at once, and murmur's own parser reads the recorded command lines.
-    from murmur.node.lab import bench
+    from lab import bench
     from murmur.node.ops.run import build_run_parser
 
     started: list[list[str]] = []
@@ -115,7 +115,7 @@ def test_swarm_peers_are_started_with_one_torch_thread_each(tmp_path: Path, monk
 
 
 def test_the_summary_says_which_weights_every_method_evaluated() -> None:
-    from murmur.node.lab.bench_report import summarize
+    from lab.bench_report import summarize
 
     def run(method: str, **ema: float) -> dict:
         return {"task": "digits", "mix": "pair", "seed": 0, "method": method, "samples_per_s": 10.0, "pct_of_ideal": 1.0,
@@ -128,7 +128,7 @@ def test_the_summary_says_which_weights_every_method_evaluated() -> None:
 
 
 def test_methods_argument_names_methods_and_optional_scales() -> None:
-    from murmur.node.lab.bench_cli import _method_arg
+    from lab.bench_cli import _method_arg
 
     assert _method_arg("murmur") == ("murmur", None)
     assert _method_arg("sync-equal@0.5") == ("sync-equal", 0.5)
@@ -140,7 +140,7 @@ def test_methods_argument_names_methods_and_optional_scales() -> None:
 
 
 def test_every_configuration_names_its_runs_one_way() -> None:
-    from murmur.node.lab.bench_config import DEFAULT, METHODS, MURMUR_ARGS, QUICK, SLOW_LINK, SLOW_LINK_UNEVEN, SWEEP
+    from lab.bench_config import DEFAULT, METHODS, MURMUR_ARGS, QUICK, SLOW_LINK, SLOW_LINK_UNEVEN, SWEEP
 
     for config in (DEFAULT, QUICK, SWEEP, SLOW_LINK, SLOW_LINK_UNEVEN):
         assert "methods" not in config
@@ -148,8 +148,8 @@ def test_every_configuration_names_its_runs_one_way() -> None:
 
 
 def test_the_sweep_brackets_the_rate_each_method_trains_at_now() -> None:
-    from murmur.node.lab.bench import task_runs
-    from murmur.node.lab.bench_config import SWEEP, TASKS
+    from lab.bench import task_runs
+    from lab.bench_config import SWEEP, TASKS
 
     runs = task_runs("digits", SWEEP)
     assert runs[0] == ("ideal", None)
@@ -161,7 +161,7 @@ def test_the_sweep_brackets_the_rate_each_method_trains_at_now() -> None:
 
 
 def test_a_sweep_of_named_points_runs_exactly_those(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from murmur.node.lab import bench, bench_cli
+    from lab import bench, bench_cli
 
     seen = []
     monkeypatch.setattr(bench, "run_bench", lambda config, out: seen.append(config))
@@ -171,7 +171,7 @@ def test_a_sweep_of_named_points_runs_exactly_those(monkeypatch: pytest.MonkeyPa
 
 
 def test_a_sweep_picks_the_fastest_rate_and_says_when_it_lies_at_the_grids_edge(tmp_path: Path) -> None:
-    from murmur.node.lab.bench_report import rescore
+    from lab.bench_report import rescore
 
     def at(method: str, scale: float, ttt: float | None) -> dict:
         return {**_run("charlm", method, 100.0, [(0, 5.0), (100, 2.4)]), "lr_scale": scale, "lr": 1e-3 * scale,
@@ -191,7 +191,7 @@ def test_a_sweep_picks_the_fastest_rate_and_says_when_it_lies_at_the_grids_edge(
 
 
 def test_without_a_fixed_budget_every_run_after_sync_equal_trains_as_far_as_it_needed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from murmur.node.lab import bench
+    from lab import bench
 
     asked = []
 

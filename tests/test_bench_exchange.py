@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.bench_exchange import main
+from lab.bench_exchange import main
 
 pytestmark = pytest.mark.slow
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from murmur.node.lab import bench, bench_cli
-from murmur.node.lab.bench_config import SLOW_LINK, SLOW_LINK_UNEVEN, at_chosen_lr
-from murmur.node.lab.bench_report import summarize
-from murmur.node.lab.links import LinkSpecError, caps_for, links_unavailable_reason, parse_link_mbit
+from lab import bench, bench_cli
+from lab.bench_config import SLOW_LINK, SLOW_LINK_UNEVEN, at_chosen_lr
+from lab.bench_report import summarize
+from lab.links import LinkSpecError, caps_for, links_unavailable_reason, parse_link_mbit
 
 
 def test_one_cap_is_every_peers_cap() -> None:
@@ -184,8 +184,8 @@ def test_over_links_peers_listen_on_their_namespace_address_and_bootstrap_to_pee
 def test_over_links_ranks_rendezvous_at_rank_zeros_address_and_bind_gloo_to_the_capped_veth(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from murmur.node.lab import sync_baseline
-    from murmur.node.lab.sync_baseline import RankFailed, run_sync
+    from lab import sync_baseline
+    from lab.sync_baseline import RankFailed, run_sync
 
     monkeypatch.setattr(sync_baseline, "ForkedProcess", _Exited)
     links = [_Namespace("mb1-p0", "10.9.0.1"), _Namespace("mb1-p1", "10.9.0.2")]

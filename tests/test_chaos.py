@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.chaos import run_chaos
+from lab.chaos import run_chaos
 
 pytestmark = pytest.mark.slow
 
@@ -14,7 +14,7 @@ def test_short_chaos_run(tmp_path: Path) -> None:
     report = run_chaos(peers=4, duration=22.0, kill_every=5.0, out=tmp_path)
     assert report["churn"]["kills"] >= 3
     # 22 s of training judged on 360 held-out images (a point is 3.6 of them) is noisy: here
-    # the churned swarm may trail by up to 3 points; the long run (scripts/chaos.py) holds it to 1.
+    # the churned swarm may trail by up to 3 points; the long run (lab/chaos.py) holds it to 1.
     assert [f for f in report["failures"] if not f.startswith("accuracy")] == [], report
     assert report["accuracy_gap"] is not None and report["accuracy_gap"] <= 0.03, report
     # Processes stopped by SIGTERM exit 0; the SIGKILLed ones report -9.

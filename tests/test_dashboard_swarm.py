@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from headless_chromium import chart_points, dump_dom, parse_dom, peer_rows, screenshot
 
-from murmur.node.lab.swarm import Peer, start_swarm, stop_swarm
+from lab.swarm import Peer, start_swarm, stop_swarm
 
 WAIT_S = 90.0  # bound on each wait below: start-up and torch imports on 2 busy cores
 

@@ -62,8 +62,8 @@ def test_the_live_table_fits_80_columns_without_wrapping_a_label(tmp_path: Path)
 
     from rich.console import Console
 
-    from murmur.node.lab.demo import peer_table
-    from murmur.node.lab.swarm import Peer
+    from lab.demo import peer_table
+    from lab.swarm import Peer
 
     class Exited:
         def poll(self) -> int:

@@ -1,11 +1,11 @@
-"""The learning-per-sample lab (node/lab/learning.py): its variants, and merges instant or lagged."""
+"""The learning-per-sample lab (lab/learning.py): its variants, and merges instant or lagged."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from murmur.node.lab.learning import Variant, _merge, run_gossip
+from lab.learning import Variant, _merge, run_gossip
 from murmur.node.learn.rules import make_rule
 from murmur.node.learn.tasks import DigitsTask
 from murmur.node.learn.trainer import Trainer

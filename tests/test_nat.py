@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 
-from murmur.node.lab.natswarm import NatSwarm
-from murmur.node.lab.netns import netns_unavailable_reason
+from lab.natswarm import NatSwarm
+from lab.netns import netns_unavailable_reason
 
 _reason = netns_unavailable_reason(need_iptables=True)
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(_reason is not None, reason=_reason or "")]

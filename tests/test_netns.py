@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from murmur.node.lab.netns import NetnsError, Network, enter_namespace, netns_unavailable_reason
-from murmur.node.lab.swarm import ForkedProcess
+from lab.netns import NetnsError, Network, enter_namespace, netns_unavailable_reason
+from lab.swarm import ForkedProcess
 
 _reason = netns_unavailable_reason(need_iptables=True)
 pytestmark = pytest.mark.skipif(_reason is not None, reason=_reason or "")

@@ -6,7 +6,7 @@ import sys
 CHECK = """
 import gc, sys
 before = gc.get_freeze_count()
-import murmur.node.lab.preload
+import lab.preload
 print(before, gc.get_freeze_count(), *(m in sys.modules for m in ("torch._dynamo", "murmur.node.ops.run", "murmur.node.ops.node", "murmur.node.learn.tasks.charlm")))
 """
 

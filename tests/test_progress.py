@@ -1,4 +1,4 @@
-"""`murmur.node.lab.progress`: runs done of total, the current run and the times on a terminal; silence elsewhere."""
+"""`lab.progress`: runs done of total, the current run and the times on a terminal; silence elsewhere."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import io
 import pytest
 from rich.console import Console
 
-from murmur.node.lab.progress import Progress
+from lab.progress import Progress
 
 
 def _console(terminal: bool) -> tuple[Console, io.StringIO]:

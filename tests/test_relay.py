@@ -19,7 +19,7 @@ from libp2p.security.noise.io import NoiseTransportReadWriter
 
 from murmur.node.averaging.averager import Averager
 from murmur.node.averaging.factory import build_averager
-from murmur.node.lab.swarm import ForkedPeer, stop_processes
+from lab.swarm import ForkedPeer, stop_processes
 from murmur.node.learn.tasks import DigitsTask
 from murmur.node.learn.trainer import Trainer
 from murmur.node.net.libp2p_transport import Libp2pTransport

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from murmur.node.lab.simulation import TOPOLOGIES, NetworkModel, SimConfig, simulate
+from lab.simulation import TOPOLOGIES, NetworkModel, SimConfig, simulate
 
 
 def test_every_topology_runs_and_reports_curves() -> None:

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from murmur.node.lab.simulation.allreduce import simulate_allreduce
-from murmur.node.lab.simulation.config import SimConfig
-from murmur.node.lab.simulation.network import NetworkModel
+from lab.simulation.allreduce import simulate_allreduce
+from lab.simulation.config import SimConfig
+from lab.simulation.network import NetworkModel
 
 
 def _config(**changes: Any) -> SimConfig:

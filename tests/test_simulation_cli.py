@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from murmur.node.lab.simulation.cli import main, parse_args, plan
+from lab.simulation.cli import main, parse_args, plan
 
 
 def test_quick_runs_are_small_and_write_under_the_root(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from murmur.node.lab.simulation.config import SimConfig, SimResult, accuracy_task, quantile
+from lab.simulation.config import SimConfig, SimResult, accuracy_task, quantile
 
 
 def test_unknown_topologies_and_tiny_swarms_are_refused() -> None:

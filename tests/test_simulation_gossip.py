@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from murmur.node.lab.simulation.config import SimConfig
-from murmur.node.lab.simulation.gossip import GossipSimulation
-from murmur.node.lab.simulation.network import NetworkModel
+from lab.simulation.config import SimConfig
+from lab.simulation.gossip import GossipSimulation
+from lab.simulation.network import NetworkModel
 
 QUIET = NetworkModel(churn=0.0)
 

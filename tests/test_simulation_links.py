@@ -6,7 +6,7 @@ import anyio
 import pytest
 import trio.testing
 
-from murmur.node.lab.simulation.links import LinkTransport
+from lab.simulation.links import LinkTransport
 from murmur.node.net.transport import ByteStream, MemoryNetwork, TransportError
 
 LATENCY, BANDWIDTH = 0.05, 1000.0  # 50 ms, 1 kB/s

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from murmur.node.lab.simulation.network import NetworkModel
+from lab.simulation.network import NetworkModel
 
 
 def test_profiles_are_heavy_tailed_bounded_and_reproducible() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from murmur.node.lab.simulation.config import SimConfig, SimResult
-from murmur.node.lab.simulation.report import setup_text, summary_table, view_table
+from lab.simulation.config import SimConfig, SimResult
+from lab.simulation.report import setup_text, summary_table, view_table
 
 
 def _record(topology: str, accuracy: list[float], **fields: Any) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from murmur.node.lab.simulation.topologies import (
+from lab.simulation.topologies import (
     Alone,
     FullView,
     Partial,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from murmur.node.lab.swarm import start_peer, start_swarm, stop_swarm
+from lab.swarm import start_peer, start_swarm, stop_swarm
 from murmur.node.ops.run import build_run_parser
 
 
@@ -77,7 +77,7 @@ def test_swarm_of_processes_learns_and_its_peers_leave_gracefully(tmp_path: Path
 
 @pytest.mark.slow
 def test_forked_peer_runs_murmur_in_its_own_session_and_stops_by_pid(tmp_path: Path) -> None:
-    from murmur.node.lab.swarm import ForkedPeer, stop_processes
+    from lab.swarm import ForkedPeer, stop_processes
 
     start_file = tmp_path / "start"
     peer = ForkedPeer(["run", "--task", "digits", "--data-dir", str(tmp_path / "p"), "--listen", "/ip4/127.0.0.1/tcp/0",
@@ -98,7 +98,7 @@ def test_forked_peer_runs_murmur_in_its_own_session_and_stops_by_pid(tmp_path: P
 
 
 def test_local_swarm_peers_do_not_inherit_murmur_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    from murmur.node.lab.swarm import peer_environment
+    from lab.swarm import peer_environment
 
     monkeypatch.setenv("MURMUR_METRICS_PORT", "9100")  # every peer after the first could not bind it
     monkeypatch.setenv("PATH_FOR_TEST", "kept")
@@ -107,7 +107,7 @@ def test_local_swarm_peers_do_not_inherit_murmur_settings(monkeypatch: pytest.Mo
 
 
 def test_only_murmur_run_peers_can_be_forked(tmp_path: Path) -> None:
-    from murmur.node.lab.swarm import start_peer
+    from lab.swarm import start_peer
 
     with pytest.raises(ValueError, match="only `murmur run` peers can be forked"):
         start_peer(0, tmp_path, 1.0, [], None, command=["adversary"], fork=True)

@@ -1,4 +1,4 @@
-"""Tests for node/lab/sync_baseline.py: the synchronous all-reduce baseline, end to end.
+"""Tests for lab/sync_baseline.py: the synchronous all-reduce baseline, end to end.
 
 Each run forks real gloo ranks (2 processes, ~3 s of training each); the ranks' helpers
 are tested in tests/test_sync_rank.py.
@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from murmur.node.lab import sync_baseline as sb
+from lab import sync_baseline as sb
 from murmur.node.learn.tasks import DigitsTask
 
 SLOWDOWNS = [1.0, 2.0]

@@ -1,4 +1,4 @@
-"""Tests for node/lab/sync_rank.py: a synchronous rank's batches and gradient buffer, in-process."""
+"""Tests for lab/sync_rank.py: a synchronous rank's batches and gradient buffer, in-process."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from murmur.node.lab import sync_rank as sr
+from lab import sync_rank as sr
 from murmur.node.learn.step import train_step
 
 

@@ -6,7 +6,7 @@ One `murmur run` peer (digits, one torch thread, full speed) per run, three ways
   open    served, and a client polls /api/swarm as the page does (every 1 s, `--every`)
 Also prints the page's weight (the three static files) and the size of one /api/swarm answer.
 
-    .venv/bin/python scripts/dashboard_cost.py --repeats 3 --duration 8     # ~2 min on 2 cores
+    python -m lab.dashboard_cost --repeats 3 --duration 8     # ~2 min on 2 cores
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import urllib.request
 from importlib import resources
 from pathlib import Path
 
-from murmur.node.lab.swarm import start_peer, stop_swarm
+from lab.swarm import start_peer, stop_swarm
 from murmur.node.ops.dashboard import STATIC_FILES
 
 MODES = ("off", "closed", "open")

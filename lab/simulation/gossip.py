@@ -24,10 +24,10 @@ import trio.testing
 
 from murmur.node.averaging.averager import Averager
 from murmur.node.averaging.factory import build_averager
-from murmur.node.lab.simulation.config import SimConfig, SimResult, accuracy_task
-from murmur.node.lab.simulation.links import LinkTransport
-from murmur.node.lab.simulation.network import Profile
-from murmur.node.lab.simulation.topologies import Partial, TopologyTable, make_topology
+from lab.simulation.config import SimConfig, SimResult, accuracy_task
+from lab.simulation.links import LinkTransport
+from lab.simulation.network import Profile
+from lab.simulation.topologies import Partial, TopologyTable, make_topology
 from murmur.node.learn.rules import make_rule
 from murmur.node.learn.runtime import Runtime
 from murmur.node.learn.trainer import Trainer

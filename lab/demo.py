@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from murmur.node.lab.swarm import Peer, start_swarm, stop_swarm
+from lab.swarm import Peer, start_swarm, stop_swarm
 from murmur.node.learn.tasks import load_task
 
 STARTUP_S = 10.0
@@ -117,7 +117,7 @@ def run_demo(args: argparse.Namespace) -> int:
         return 130
     sync = None
     if not args.no_sync:
-        from murmur.node.lab.sync_baseline import run_sync
+        from lab.sync_baseline import run_sync
 
         console.print(f"synchronous all-reduce baseline (gloo, equal batches) on the same slowdowns for {args.duration:g}s…")
         try:

@@ -1,4 +1,4 @@
-"""Progress of long jobs made of runs (`murmur bench`, `scripts/simulate.py`): a rich progress bar.
+"""Progress of long jobs made of runs (`murmur bench`, `python -m lab.simulation.cli`): a rich progress bar.
 
     with Progress(total=len(runs), label="bench") as progress:
         for run in runs:

@@ -1,8 +1,8 @@
 """A Murmur swarm through real NAT: public peers (bootstrap and relays, all `--relay-service`) and two
 peers each behind its own NAT router, every one a `murmur run` process (forked, see `ForkedPeer`) in its own network namespace.
 
-Used by `tests/test_nat.py` and `scripts/nat_measure.py`. Needs root, iproute2 and iptables
-(`murmur.node.lab.netns.netns_unavailable_reason`).
+Used by `tests/test_nat.py` and `lab/nat_measure.py`. Needs root, iproute2 and iptables
+(`lab.netns.netns_unavailable_reason`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from murmur.node.lab.netns import Netns, Network
-from murmur.node.lab.swarm import ForkedPeer
+from lab.netns import Netns, Network
+from lab.swarm import ForkedPeer
 
 PORT = 4001
 PUNCH_LINE = re.compile(r"direct connection to (\w+) \(hole punched\)")

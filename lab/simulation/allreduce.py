@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from murmur.node.lab.simulation.config import SimConfig, SimResult, accuracy_task
+from lab.simulation.config import SimConfig, SimResult, accuracy_task
 from murmur.node.learn.step import train_step
 
 

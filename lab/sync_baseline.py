@@ -4,10 +4,10 @@ N ranks run as separate OS processes (forked from a torch-preloaded server) in o
 on 127.0.0.1. Every step each rank computes the gradient of its own batch, then all
 ranks all-reduce the gradients (which doubles as the per-step barrier) and take the
 same optimizer step, so the model stays identical everywhere. The rank's side is
-`murmur.node.lab.sync_rank`; this module starts the ranks, collects their results and
+`lab.sync_rank`; this module starts the ranks, collects their results and
 reports them.
 
-Modes (`diloco`: see `murmur.node.lab.sync_rank`):
+Modes (`diloco`: see `lab.sync_rank`):
   equal         every rank uses the task's `batch_size`; gradients are averaged.
   proportional  rank r uses round(B * n * speed_r / sum(speeds)) samples (>= 1),
                 speed_r = 1 / slowdown_r; gradients are sample-weighted: each rank
@@ -28,13 +28,13 @@ step: once rank 0's training time reaches `duration`, or once the target metric 
 (and `min_samples` trained).
 
 Over slow links (`run_sync(..., links=...)`, from `murmur bench --link-mbit`) each rank runs in its own
-network namespace (`murmur.node.lab.links`): forked from the preloaded server like the peers, it enters the
+network namespace (`lab.links`): forked from the preloaded server like the peers, it enters the
 namespace itself and writes its result to a file; rank 0 hosts the rendezvous store on its namespace's
 address and gloo binds to each namespace's capped veth (`GLOO_SOCKET_IFNAME`), so every all-reduce crosses
 the capped links. Start-up stays excluded: the clock still starts at the ranks' first barrier.
 
 Library use: `run_sync(...)` returns a JSON-serialisable dict. CLI:
-  python -m murmur.node.lab.sync_baseline --task digits --slowdowns 1,1,2,4 --mode equal \
+  python -m lab.sync_baseline --task digits --slowdowns 1,1,2,4 --mode equal \
       --step-time-ms 20 --duration 20 --out results/sync.json
 """
 
@@ -54,12 +54,12 @@ from typing import Any, Sequence
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from murmur.node.lab.links import LINK_DEVICE
-from murmur.node.lab.netns import Netns
-from murmur.node.lab.swarm import ForkedProcess, stop_processes
-from murmur.node.lab.sync_rank import HOST, MODES, Config, meets, run_rank, worker
+from lab.links import LINK_DEVICE
+from lab.netns import Netns
+from lab.swarm import ForkedProcess, stop_processes
+from lab.sync_rank import HOST, MODES, Config, meets, run_rank, worker
 
-RANK_MODULE = "murmur.node.lab.sync_rank"  # what the ranks' fork server preloads
+RANK_MODULE = "lab.sync_rank"  # what the ranks' fork server preloads
 STORE_PORT = 29500  # over links: rank 0's namespace is new and empty, so a fixed port is free there
 
 
@@ -139,9 +139,9 @@ def run_sync(
     run is abandoned after `timeout_s` (default 600 + 2 * duration). Any rank failure
     ends all ranks and raises `RankFailed` with the rank's traceback. `lr_scale`
     multiplies the task's learning rate; `local_steps`, `outer_lr` and `outer_momentum`
-    configure mode `diloco` (see `murmur.node.lab.sync_rank`); `ema_decay` > 0 evaluates a moving average
+    configure mode `diloco` (see `lab.sync_rank`); `ema_decay` > 0 evaluates a moving average
     of the weights (`murmur.node.learn.weight_average`). With `links` (one namespace per rank, from
-    `murmur.node.lab.links.peer_links`) rank r runs in `links[r]`, its log and result files under
+    `lab.links.peer_links`) rank r runs in `links[r]`, its log and result files under
     `work_dir` (required then).
 
     Returns {"method", "task", "mode", "metric", "slowdowns", "step_time_ms", "target",

@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from murmur.node.lab import bench
-from murmur.node.lab.bench_config import (
+from lab import bench
+from lab.bench_config import (
     DEFAULT,
     METHODS,
     MIXES,
@@ -20,8 +20,8 @@ from murmur.node.lab.bench_config import (
     SWEEP_METHODS,
     TASKS,
 )
-from murmur.node.lab.bench_report import rescore
-from murmur.node.lab.links import LinkSpecError, LinksUnavailable, parse_link_mbit
+from lab.bench_report import rescore
+from lab.links import LinkSpecError, LinksUnavailable, parse_link_mbit
 from murmur.node.learn.weight_average import DEFAULT_DECAY
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from murmur.node.lab.bench_config import MIXES, TASKS
+from lab.bench_config import MIXES, TASKS
 
 
 def run_labels(results: list[dict]) -> list[str]:

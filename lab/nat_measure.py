@@ -1,9 +1,9 @@
 """Measure NAT traversal through real NAT routers (needs root): time to the first direct connection between
 two NATed peers, the share of their exchanges that went direct, and the bytes the relays forwarded.
 
-    sudo .venv/bin/python scripts/nat_measure.py --seconds 60
+    sudo .venv/bin/python -m lab.nat_measure --seconds 60
 
-Runs the `murmur.node.lab.natswarm` topology twice: with NATs that hole punching passes, and with one
+Runs the `lab.natswarm` topology twice: with NATs that hole punching passes, and with one
 port-randomising NAT (relay only, with a spare relay; at the end the relay carrying the pair is
 killed). Prints one JSON line per run.
 """
@@ -17,10 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from murmur.node.lab.natswarm import NatSwarm  # noqa: E402
-from murmur.node.lab.netns import netns_unavailable_reason  # noqa: E402
+from lab.natswarm import NatSwarm
+from lab.netns import netns_unavailable_reason
 
 
 def kill_the_relay(swarm: NatSwarm) -> dict:

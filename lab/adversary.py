@@ -1,6 +1,6 @@
 """A malicious Murmur peer, for attack tests: `murmur run` that lies in its exchanges.
 
-    python scripts/adversary.py --attack scale|noise|nan|work run --bootstrap … [murmur run options]
+    python -m lab.adversary --attack scale|noise|nan|work run --bootstrap … [murmur run options]
 
 scale  sends its parameters ×1000        noise  sends random N(0, 1) parameters
 nan    sends parameters holding NaN      work   claims 1000× its real work weight
@@ -15,8 +15,8 @@ import torch
 
 import murmur.node.averaging.params
 import murmur.protocol.exchange
-from murmur.node.cli import main as murmur_main
 from murmur.node.net.conversation import Conversation
+from murmur.node.ops import run
 from murmur.protocol.codec import TensorSpec, WireState, quantize
 from murmur.protocol.messages import Accept, Message, Offer, StateReply
 
@@ -48,11 +48,12 @@ def poison(attack: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 2 or argv[0] != "--attack" or argv[1] not in ATTACKS:
+    if len(argv) < 3 or argv[0] != "--attack" or argv[1] not in ATTACKS or argv[2] != "run":
         print(__doc__, file=sys.stderr)
         return 2
     poison(argv[1])
-    return murmur_main(argv[2:])
+    with run.quiet_stop_signals():
+        return run.main(argv[3:])
 
 
 if __name__ == "__main__":

@@ -2,15 +2,15 @@
 
 Every gossip peer runs the real averager (merge policy, screening, exchange state
 machine, tensor codec, state sync) over simulated links in simulated time; see
-`murmur.node.lab.simulation` for the network model. For each swarm size and topology this
+`lab.simulation` for the network model. For each swarm size and topology this
 runs one simulation on the digits task and records held-out accuracy (of a sample of
 peers) and consensus distance (of all peers) on a simulated-time grid. `alone` (no
 averaging: the reference) runs at the smallest size only, since its peers never
 interact. Writes `results.json`, PNG plots and `summary.md` to `--out`.
 
-    .venv/bin/python scripts/simulate.py                  # 100, 300, 1000 peers (~15-20 min on 2 cores)
-    .venv/bin/python scripts/simulate.py --quick          # 20 and 50 peers, ~1 min
-    .venv/bin/python scripts/simulate.py --peers 1000 --topologies gossip,partial
+    python -m lab.simulation.cli                  # 100, 300, 1000 peers (~15-20 min on 2 cores)
+    python -m lab.simulation.cli --quick          # 20 and 50 peers, ~1 min
+    python -m lab.simulation.cli --peers 1000 --topologies gossip,partial
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Self
 
-from murmur.node.lab.progress import Progress
-from murmur.node.lab.simulation import TOPOLOGIES, NetworkModel, SimConfig, simulate
-from murmur.node.lab.simulation.report import fmt, write_report
+from lab.progress import Progress
+from lab.simulation import TOPOLOGIES, NetworkModel, SimConfig, simulate
+from lab.simulation.report import fmt, write_report
 
 
 def parse_args(argv: list[str] | None, root: Path) -> argparse.Namespace:
@@ -156,3 +156,7 @@ class _Inline:
 
     def map(self, fn: Any, items: list[SimConfig]) -> Any:
         return map(fn, items)
+
+
+if __name__ == "__main__":
+    sys.exit(main(root=Path(__file__).resolve().parents[2]))

@@ -8,8 +8,8 @@ import json
 import statistics
 from pathlib import Path
 
-from murmur.node.lab.bench_config import METHODS, MIXES, MURMUR_ARGS, TASKS
-from murmur.node.lab.bench_plots import plot, run_labels, runs_of
+from lab.bench_config import METHODS, MIXES, MURMUR_ARGS, TASKS
+from lab.bench_plots import plot, run_labels, runs_of
 
 
 def _at_samples(result: dict, metric: str, samples: float) -> float | None:

@@ -29,7 +29,7 @@ markdown table to `--out`.
     murmur bench --link-mbit 20     # slow links (SLOW_LINK): charlm-large, every peer capped at 20 Mbit/s (root)
     murmur bench --link-mbit 100,50,20,10   # the same with one cap per peer, in peer order (SLOW_LINK_UNEVEN)
 
-Slow links (`--link-mbit`, `murmur.node.lab.links`): every Murmur peer and every sync or diloco rank runs in its
+Slow links (`--link-mbit`, `lab.links`): every Murmur peer and every sync or diloco rank runs in its
 own network namespace on a veth pair capped with `tc tbf`; the peers listen on their namespace's address and
 bootstrap to peer 0's, the ranks' gloo binds to the capped veth. Each run builds its namespaces and removes
 them (with every process in them) when it ends, fails or is interrupted. Peers and ranks fork from the
@@ -51,19 +51,19 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from murmur.node.lab.bench_config import MIXES, MURMUR_ARGS, TASKS
-from murmur.node.lab.bench_report import base_lr, equal_samples, report, score
-from murmur.node.lab.links import (
+from lab.bench_config import MIXES, MURMUR_ARGS, TASKS
+from lab.bench_report import base_lr, equal_samples, report, score
+from lab.links import (
     LinkSpecError,
     LinksUnavailable,
     caps_for,
     links_unavailable_reason,
     peer_links,
 )
-from murmur.node.lab.netns import Netns
-from murmur.node.lab.progress import Progress
-from murmur.node.lab.swarm import FORK_PRELOAD, ONE_THREAD, ForkedPeer, stop_processes
-from murmur.node.lab.sync_baseline import RANK_MODULE, run_sync
+from lab.netns import Netns
+from lab.progress import Progress
+from lab.swarm import FORK_PRELOAD, ONE_THREAD, ForkedPeer, stop_processes
+from lab.sync_baseline import RANK_MODULE, run_sync
 from murmur.node.learn.weight_average import DEFAULT_DECAY
 from murmur.node.ops.node import METRICS_FILE
 from murmur.node.ops.status import StatusUnavailable, load_status
@@ -246,7 +246,7 @@ def run_method(
 
     Every method evaluates a moving average of its weights with `ema_decay` (0: the live model).
 
-    With `link_mbit` (one cap per peer) the run gets its own capped namespaces (`murmur.node.lab.links.peer_links`),
+    With `link_mbit` (one cap per peer) the run gets its own capped namespaces (`lab.links.peer_links`),
     removed when it ends; the result records the caps under "link_mbit" (None on loopback).
     """
     spec = TASKS[task]

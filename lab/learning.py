@@ -8,7 +8,7 @@ peer) each peer merges with a random partner, as `Averager` would, instantly and
 without a network. Synchronous data parallelism is one model stepping on all ranks'
 batches at once. Every method is scored at the same total sample counts.
 
-    python scripts/learning.py --task charlm --samples 20480 --variants sync,average,outer:0.7:0.9
+    python -m lab.learning --task charlm --samples 20480 --variants sync,average,outer:0.7:0.9
 
 Variants (comma-separated; `*LR` multiplies the task's learning rate, e.g. `average*2`):
   sync                  one model, each step on all peers' batches together (sync-equal)
@@ -27,6 +27,7 @@ snapshots at its start, keeps stepping, and applies it at its end (`--lag 0`: in
 
 from __future__ import annotations
 
+import sys
 import copy
 import heapq
 import random
@@ -257,3 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         to_target = statistics.median(s for s in reached if s) if all(reached) and args.target else None
         print(f"| {variant.name} | {statistics.median(r['final'] for r in mine):.3f} | {to_target or '—'} |")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

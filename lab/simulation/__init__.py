@@ -22,16 +22,16 @@ calls that take one link latency each way, not over the transport.
 
 Modules: `network` (machines and links), `config` (`SimConfig`, `SimResult`), `links`
 (`LinkTransport`), `topologies`, `gossip` (`GossipSimulation`), `allreduce`, and the
-runner behind `scripts/simulate.py`: `cli` and `report` (tables and plots).
+runner behind `python -m lab.simulation.cli`: `cli` and `report` (tables and plots).
 """
 
 from __future__ import annotations
 
-from murmur.node.lab.simulation.allreduce import simulate_allreduce
-from murmur.node.lab.simulation.config import TOPOLOGIES, SimConfig, SimResult
-from murmur.node.lab.simulation.gossip import GossipSimulation, consensus_distance
-from murmur.node.lab.simulation.links import LinkTransport
-from murmur.node.lab.simulation.network import NetworkModel, Profile
+from lab.simulation.allreduce import simulate_allreduce
+from lab.simulation.config import TOPOLOGIES, SimConfig, SimResult
+from lab.simulation.gossip import GossipSimulation, consensus_distance
+from lab.simulation.links import LinkTransport
+from lab.simulation.network import NetworkModel, Profile
 
 __all__ = [
     "TOPOLOGIES", "GossipSimulation", "LinkTransport", "NetworkModel", "Profile", "SimConfig", "SimResult",

@@ -1,4 +1,4 @@
-"""Imported once by the fork server that `murmur.node.lab.swarm.ForkedPeer` peers (and the benchmark's sync ranks) fork from.
+"""Imported once by the fork server that `lab.swarm.ForkedPeer` peers (and the benchmark's sync ranks) fork from.
 
 It loads torch, libp2p, the node and its tasks (each process would otherwise spend ~5 s
 of a 2-core machine importing them, the torch._dynamo that creating an optimizer

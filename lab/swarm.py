@@ -51,16 +51,22 @@ def murmur_command() -> list[str]:
     return [sys.executable, "-m", "murmur.node.cli"]
 
 
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
 def peer_environment() -> dict[str, str]:
-    """This process's environment minus `MURMUR_*`: local peers are configured by their flags alone.
+    """This process's environment minus `MURMUR_*`, with the checkout on `PYTHONPATH`.
 
-    An exported `MURMUR_METRICS_PORT`, say, would otherwise make every peer after the
-    first fail to bind it.
+    Local peers are configured by their flags alone: an exported `MURMUR_METRICS_PORT`, say,
+    would otherwise make every peer after the first fail to bind it. The checkout lets a peer
+    run a lab module (`python -m lab.adversary`) wherever it is started.
     """
-    return {k: v for k, v in os.environ.items() if not k.startswith("MURMUR_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MURMUR_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CHECKOUT), env.get("PYTHONPATH")]))
+    return env
 
 
-FORK_PRELOAD = ["murmur.node.lab.preload"]  # what the fork server imports once (see node/lab/preload.py)
+FORK_PRELOAD = ["lab.preload"]  # what the fork server imports once (see lab/preload.py)
 # Local peers share this machine's cores: one torch thread each. The node leaves the count
 # to its operator (`--threads`), so whatever starts several peers on one machine passes this.
 ONE_THREAD = ["--threads", "1"]
@@ -71,7 +77,7 @@ class ForkedProcess:
 
     The process runs in its own session (so it is stopped by PID, never by a Ctrl-C meant
     for its starter), with its output in `log_path`, no `MURMUR_*` settings and, given
-    `netns`, inside that network namespace (`murmur.node.lab.netns.enter_namespace`). It is
+    `netns`, inside that network namespace (`lab.netns.enter_namespace`). It is
     ready in about a second instead of the several a fresh interpreter spends importing
     torch. Popen-like (`pid`, `poll`, `wait`, `kill`, `returncode`), so
     `stop_processes` and a namespace's teardown stop it by PID.
@@ -122,7 +128,7 @@ def _in_own_session(target: Callable[..., object], args: tuple, log_path: str, n
     for key in [k for k in os.environ if k.startswith("MURMUR_")]:
         del os.environ[key]
     if netns is not None:
-        from murmur.node.lab.netns import enter_namespace
+        from lab.netns import enter_namespace
 
         enter_namespace(netns)
     target(*args)

@@ -36,7 +36,7 @@ TASKS = {
     # 40, measured on the shared 2-core machine): at 1250 ms the headline mix keeps ~0.9 of the 2 cores busy
     # training (0.41 x (1 + 1 + 1/2 + 1/4) / 1.25). An evaluation (128 windows of 64 bytes) computes for ~0.6-1 s,
     # so every peer evaluates every 6 s, not every second. One sync-proportional run on loopback reached loss 3.0
-    # after ~52 s (2.91 at 112 s; `python -m murmur.node.lab.sync_baseline --task charlm-large --slowdowns 1,1,2,4
+    # after ~52 s (2.91 at 112 s; `python -m lab.sync_baseline --task charlm-large --slowdowns 1,1,2,4
     # --mode proportional --step-time-ms 1250 --duration 110 --eval-every 5`, on a busy machine).
     # diloco syncs every 4 steps: over a 20 Mbit/s link one all-reduce of 8.6 MB takes ~5 s.
     "charlm-large": {"step_time": 1250.0, "target": 3.0, "metric": "loss", "higher": False, "max_s": 120.0,

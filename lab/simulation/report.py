@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from murmur.node.lab.simulation.config import TOPOLOGIES
+from lab.simulation.config import TOPOLOGIES
 
 COLORS = {
     "gossip": "tab:blue",

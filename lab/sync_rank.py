@@ -1,4 +1,4 @@
-"""One rank of the synchronous baseline (`murmur.node.lab.sync_baseline`): its process and training loop.
+"""One rank of the synchronous baseline (`lab.sync_baseline`): its process and training loop.
 
 Every step the rank draws its batch and runs `train_step`; between backward and the
 optimizer step (the `before_update` hook) it

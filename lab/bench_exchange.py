@@ -1,6 +1,6 @@
 """Large-model exchange benchmark: a ~25M-parameter model between two local peers, per wire dtype.
 
-    python scripts/bench_exchange.py [--params 25e6] [--exchanges 3] [--out docs/bench-exchange]
+    python -m lab.bench_exchange [--params 25e6] [--exchanges 3] [--out docs/bench-exchange]
 
 Two OS processes, each a real peer: `Libp2pTransport` over loopback (TCP + Noise +
 yamux), a `Trainer` on a wide MLP and the node's `Averager`. In one run it measures:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from murmur.node.lab.simulation.network import NetworkModel
+from lab.simulation.network import NetworkModel
 from murmur.node.learn.tasks import Task, load_task
 
 TOPOLOGIES = ("gossip", "partial", "ring", "allreduce", "alone")

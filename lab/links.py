@@ -2,7 +2,7 @@
 
 `--link-mbit 20` caps every peer's link at 20 Mbit/s; `--link-mbit 100,50,20,10` gives each peer
 its own cap, in peer order (volunteers differ in bandwidth as much as in compute). Each peer, or
-synchronous rank, then runs in its own namespace of a `murmur.node.lab.netns.Network`, on a veth pair to
+synchronous rank, then runs in its own namespace of a `lab.netns.Network`, on a veth pair to
 a shared bridge whose two ends a `tc tbf` token bucket caps (both directions); a transfer between
 two peers therefore runs at the smaller of their caps. Needs root and iproute2; outside them
 `links_unavailable_reason()` says why in one line.
@@ -14,7 +14,7 @@ import math
 from contextlib import contextmanager
 from typing import Iterator, Sequence
 
-from murmur.node.lab.netns import Netns, Network, netns_unavailable_reason
+from lab.netns import Netns, Network, netns_unavailable_reason
 
 NAMESPACE_PREFIX = "mb"  # namespaces are named mb<pid>-p<i>; netns removes a dead run's leftovers
 LINK_DEVICE = "eth0"  # each peer namespace's capped veth end (what gloo binds to: GLOO_SOCKET_IFNAME)

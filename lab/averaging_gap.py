@@ -12,7 +12,7 @@ gossip swarm loses at equal samples comes from models drifting apart between mer
 (H > 1). With Adam(W) each replica normalises its steps by its own batch-B gradient
 statistics, so even H=1 differs from sync's n x B step at the same learning rate.
 
-    python scripts/averaging_gap.py --task charlm --samples 15360 --every 1,6 --optimizer task,sgd:0.3
+    python -m lab.averaging_gap --task charlm --samples 15360 --every 1,6 --optimizer task,sgd:0.3
 
 Writes `--out` (JSON) and prints a table.
 """

@@ -11,7 +11,7 @@ the same time and checks, for the churned run:
 - every process was reaped (none left running);
 - the median peer's final held-out accuracy is within 1 point of the churn-free run's.
 
-    python scripts/chaos.py --peers 8 --duration 300 --kill-every 20 --out results/chaos
+    python -m lab.chaos --peers 8 --duration 300 --kill-every 20 --out results/chaos
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from murmur.node.lab.swarm import ONE_THREAD, murmur_command, peer_environment
+from lab.swarm import ONE_THREAD, murmur_command, peer_environment
 from murmur.node.learn.checkpoint import load_latest
 
 EXCHANGE_TIMEOUT = 5.0
