@@ -64,6 +64,7 @@ from lab.netns import Netns
 from lab.progress import Progress
 from lab.swarm import FORK_PRELOAD, ONE_THREAD, ForkedPeer, stop_processes
 from lab.sync_baseline import RANK_MODULE, run_sync
+from murmur.node.learn.tasks.task import Metric
 from murmur.node.learn.weight_average import DEFAULT_DECAY
 from murmur.node.ops.node import METRICS_FILE
 from murmur.node.ops.status import StatusUnavailable, load_status
@@ -84,8 +85,9 @@ def _peer_id(data_dir: Path) -> str:
     return peer_id_of(load_or_create_identity(data_dir))
 
 
-def _reached(value: float, target: float, higher: bool) -> bool:
-    return value >= target if higher else value <= target
+def _metric(spec: dict) -> Metric:
+    """The metric a bench task is judged by, from its `TASKS` entry."""
+    return Metric(spec["metric"], spec["higher"])
 
 
 def run_murmur(
@@ -135,7 +137,7 @@ def run_murmur(
         while time.time() < deadline and any(p.poll() is None for p in procs):
             time.sleep(0.5)
             grid = _median_curve(dirs, spec["metric"], start_at, _grid_s(spec))
-            if method != "ideal" and grid and _reached(grid[-1]["value"], spec["target"], spec["higher"]) \
+            if method != "ideal" and grid and _metric(spec).reached(grid[-1]["value"], spec["target"]) \
                     and grid[-1]["samples"] >= min_samples:
                 time.sleep(1.0)  # one more grid point, then stop everyone
                 break
@@ -222,7 +224,7 @@ def _murmur_result(task: str, slowdowns: list[float], method: str, dirs: list[Pa
     spec = TASKS[task]
     curve = _median_curve(dirs, spec["metric"], start_at, _grid_s(spec))
     statuses = [_status(d) for d in dirs]
-    ttt = next((c["t"] for c in curve if _reached(c["value"], spec["target"], spec["higher"])), None)
+    ttt = next((c["t"] for c in curve if _metric(spec).reached(c["value"], spec["target"])), None)
     return {
         "method": method,
         "task": task, "slowdowns": slowdowns, "exit_codes": codes,

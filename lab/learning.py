@@ -39,6 +39,7 @@ import torch
 from murmur.node.learn.rules import DISCOUNT, make_rule
 from murmur.node.learn.step import scale_learning_rate, train_step
 from murmur.node.learn.tasks import Task
+from murmur.node.learn.tasks.task import Metric
 from murmur.node.learn.trainer import Snapshot, Trainer
 from murmur.node.learn.weight_average import WeightAverage
 
@@ -80,8 +81,9 @@ class Curve:
         """The metric at the last grid point at or before `samples`."""
         return next(m for s, m in zip(reversed(self.samples), reversed(self.metric)) if s <= samples)
 
-    def samples_to(self, target: float, higher: bool) -> int | None:
-        return next((s for s, m in zip(self.samples, self.metric) if (m >= target if higher else m <= target)), None)
+    def samples_to(self, target: float, metric: Metric) -> int | None:
+        """The first grid point's samples where `metric` reached `target`, or None."""
+        return next((s for s, m in zip(self.samples, self.metric) if metric.reached(m, target)), None)
 
 
 def run_sync(
@@ -244,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             row = {"variant": variant.name, "seed": seed, "samples": curve.samples, "metric": curve.metric,
                    "final": curve.metric[-1], "wall_s": round(time.monotonic() - began, 1)}
             if args.target is not None:
-                row["samples_to_target"] = curve.samples_to(args.target, task.metric.higher_is_better)
+                row["samples_to_target"] = curve.samples_to(args.target, task.metric)
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k not in ("samples", "metric")}), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -57,7 +57,8 @@ import torch.multiprocessing as mp
 from lab.links import LINK_DEVICE
 from lab.netns import Netns
 from lab.swarm import ForkedProcess, stop_processes
-from lab.sync_rank import HOST, MODES, Config, meets, run_rank, worker
+from lab.sync_rank import HOST, MODES, Config, run_rank, worker
+from murmur.node.learn.tasks.task import Metric
 
 RANK_MODULE = "lab.sync_rank"  # what the ranks' fork server preloads
 STORE_PORT = 29500  # over links: rank 0's namespace is new and empty, so a fixed port is free there
@@ -248,11 +249,10 @@ def _result(cfg: Config, outputs: dict[int, dict[str, Any]], begin: float) -> di
     mode, target, step_time_ms, eval_every, seed = cfg.mode, cfg.target, cfg.step_time_ms, cfg.eval_every, cfg.seed
     head = outputs[0]
     curve = head["curve"]
+    metric = Metric(head["metric"], head["higher_is_better"])
     time_to_target = None
     if target is not None:
-        time_to_target = next(
-            (pt["t"] for pt in curve if meets(pt[head["metric"]], target, head["higher_is_better"])), None
-        )
+        time_to_target = next((pt["t"] for pt in curve if metric.reached(pt[metric.name], target)), None)
     peer_keys = (
         "rank", "slowdown", "batch", "steps", "samples", "compute_s", "comm_s", "wall_s", "idle_fraction", "bytes_sent",
     )  # fmt: skip

@@ -99,11 +99,6 @@ def batch_sizes(base: int, slowdowns: Sequence[float], mode: str) -> list[int]:
     return [max(1, math.floor(base * n * v / total + 0.5)) for v in speeds]
 
 
-def meets(value: float, target: float, higher_is_better: bool) -> bool:
-    """Whether a metric `value` has reached `target`."""
-    return value >= target if higher_is_better else value <= target
-
-
 def resized_batches(stream: Iterator[Batch], size: int) -> Iterator[Batch]:
     """Yield batches of exactly `size` rows, taking rows from `stream` in order.
 
@@ -262,7 +257,7 @@ def train(rank: int, cfg: Config) -> dict[str, Any]:
                 evaluated.load_state_dict(average.averaged(model))
                 point = {"t": t_eval, "samples": steps * step_samples, **task.evaluate(evaluated)}
                 curve.append(point)
-                met = cfg.target is not None and meets(point[metric.name], cfg.target, metric.higher_is_better)
+                met = cfg.target is not None and metric.reached(point[metric.name], cfg.target)
                 if met and point["samples"] >= cfg.min_samples:
                     done[0] = 1.0
                 while next_eval <= t_eval:  # next point of the grid

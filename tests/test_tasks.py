@@ -128,3 +128,11 @@ def test_digits_are_read_exactly_as_scikit_learn_loads_them() -> None:
     data, target = load_digits_data()
     reference = load_digits()
     assert np.array_equal(data, reference.data) and np.array_equal(target, reference.target)
+
+
+def test_a_metric_is_reached_at_its_target_or_beyond_in_its_own_order() -> None:
+    from murmur.node.learn.tasks.task import Metric
+
+    accuracy, loss = Metric("accuracy", higher_is_better=True), Metric("loss", higher_is_better=False)
+    assert accuracy.reached(0.95, 0.95) and accuracy.reached(0.96, 0.95) and not accuracy.reached(0.94, 0.95)
+    assert loss.reached(2.5, 2.5) and loss.reached(2.4, 2.5) and not loss.reached(2.6, 2.5)

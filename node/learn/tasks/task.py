@@ -24,6 +24,10 @@ class Metric:
     name: str
     higher_is_better: bool
 
+    def reached(self, value: float, target: float) -> bool:
+        """Whether `value` is at `target` or beyond it, in this metric's order."""
+        return value >= target if self.higher_is_better else value <= target
+
 
 class Task(Protocol):
     name: str
