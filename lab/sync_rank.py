@@ -40,7 +40,7 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Iterator, Sequence
 
@@ -144,23 +144,116 @@ def unpack(params: list[torch.nn.Parameter], flat: torch.Tensor, divisor: float)
         offset += n
 
 
+@dataclass
+class Rank:
+    """One rank's fixed setup: its share of the step, its model and optimizers, and the all-reduce buffer.
+
+    `flat` holds the gradients (diloco: the pseudo-gradients) and, after them, the control
+    slots; `anchor` and `outer` exist in mode diloco only.
+    """
+
+    rank: int
+    cfg: Config
+    task: Task
+    batches: list[int]
+    pacing: Pacing
+    weight: float  # this rank's share of the mean gradient ...
+    total_weight: float  # ... over all ranks' shares
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    average: WeightAverage
+    evaluated: torch.nn.Module | None  # rank 0's copy of the model it scores
+    params: list[torch.nn.Parameter]
+    flat: torch.Tensor
+    stream: Iterator[Batch]
+    anchor: list[torch.Tensor]
+    outer: torch.optim.Optimizer | None
+
+    @property
+    def batch(self) -> int:
+        return self.batches[self.rank]
+
+    @property
+    def diloco(self) -> bool:
+        return self.cfg.mode == "diloco"
+
+    @property
+    def numel(self) -> int:
+        return len(self.flat) - 2
+
+    def slot(self, index: int) -> bool:
+        """Whether rank 0 set control slot `index` in the last all-reduce."""
+        return self.flat[self.numel + index].item() > 0
+
+
+@dataclass
+class Progress:
+    """What changes as a rank trains: its clock, its counts and (rank 0) its curve."""
+
+    next_eval: float
+    clock_start: float = 0.0
+    paused: float = 0.0  # evaluation pauses, excluded from training time
+    steps: int = 0
+    compute_s: float = 0.0
+    comm_s: float = 0.0
+    reduce_start: float = 0.0  # this step's all-reduce: its start and end
+    reduce_end: float = 0.0
+    curve: list[dict[str, float]] = field(default_factory=list)
+
+    def train_time(self) -> float:
+        return time.monotonic() - self.clock_start - self.paused
+
+
 def train(rank: int, cfg: Config) -> dict[str, Any]:
     """Run one rank's training loop and return its measurements (rank 0: also the curve)."""
     torch.set_num_threads(1)  # N ranks share the CPU; one thread each keeps them honest
+    _join_group(rank, cfg)
+    r = _setup(rank, cfg)
+    state = Progress(next_eval=cfg.eval_every)
+    if rank == 0:
+        state.curve.append({"t": 0.0, "samples": 0, **r.task.evaluate(r.model)})
+    dist.barrier()  # everyone is ready: start-up ends here
+    state.clock_start = time.monotonic()
+    while True:
+        began = time.monotonic()  # drawing the batch is part of the local compute
+        hook = (lambda: _pace(r, began)) if r.diloco else (lambda: _reduce_gradients(r, state, began))
+        train_step(r.task, r.model, r.optimizer, next(r.stream), before_update=hook)
+        state.steps += 1
+        synced = not r.diloco or state.steps % cfg.local_steps == 0
+        if r.diloco:
+            state.reduce_start = state.reduce_end = time.monotonic()
+            if synced:
+                _outer_step(r, state)
+        r.average.update(r.model)
+        eval_due, stop = synced and r.slot(EVAL_SLOT), synced and r.slot(STOP_SLOT)
+        ended = time.monotonic()
+        state.compute_s += (state.reduce_start - began) + (ended - state.reduce_end)
+        state.comm_s += state.reduce_end - state.reduce_start
+        if eval_due:
+            stop = _evaluate(r, state, ended) or stop
+        if stop:
+            break
+    out = _measurements(r, state)
+    dist.destroy_process_group()
+    return out
+
+
+def _join_group(rank: int, cfg: Config) -> None:
+    """Join the gloo group through the rendezvous store (hosted by the parent, or by rank 0 with `store_on_rank0`)."""
     n = len(cfg.slowdowns)
     timeout = timedelta(seconds=cfg.pg_timeout_s)
     master = cfg.store_on_rank0 and rank == 0
     store = dist.TCPStore(cfg.store_host, cfg.port, world_size=n, is_master=master, wait_for_workers=False, timeout=timeout)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=n, timeout=timeout)
 
+
+def _setup(rank: int, cfg: Config) -> Rank:
+    """Build the rank's model (rank 0's, broadcast), optimizers, data stream and buffer."""
     task: Task = load_task(cfg.task)
     batches = batch_sizes(task.batch_size, cfg.slowdowns, cfg.mode)
-    batch, slowdown = batches[rank], cfg.slowdowns[rank]
-    pacing = Pacing(slowdown, cfg.step_time_ms)
     # Equal: plain mean over ranks. Proportional: sample-weighted mean over all rows.
-    weight, total_weight = (float(batch), float(sum(batches))) if cfg.mode == "proportional" else (1.0, float(n))
-    step_samples = sum(batches)
-
+    n = len(cfg.slowdowns)
+    weight, total_weight = (float(batches[rank]), float(sum(batches))) if cfg.mode == "proportional" else (1.0, float(n))
     model = task.build_model()
     with torch.no_grad():  # start identical even if a task's init were not seeded (as DDP does)
         for t in itertools.chain(model.parameters(), model.buffers()):
@@ -172,128 +265,103 @@ def train(rank: int, cfg: Config) -> dict[str, Any]:
     evaluated = copy.deepcopy(model) if rank == 0 else None
     torch.manual_seed(1000 * cfg.seed + rank)  # per-rank randomness (dropout etc.)
     params = [p for p in model.parameters() if p.requires_grad]
-    numel = sum(p.numel() for p in params)
-    grad_bytes = sum(p.numel() * p.element_size() for p in params)
-    flat = torch.zeros(numel + 2, dtype=params[0].dtype)
-    stream = resized_batches(iter(task.train_batches(shard=rank + 1000 * cfg.seed)), batch)
-    metric = task.metric
-
-    curve: list[dict[str, float]] = []
-    if rank == 0:
-        curve.append({"t": 0.0, "samples": 0, **task.evaluate(model)})
-
-    dist.barrier()  # everyone is ready: start-up ends here
-    clock_start = time.monotonic()
-    paused = 0.0  # evaluation pauses, excluded from training time
-
-    def train_time() -> float:
-        return time.monotonic() - clock_start - paused
-
-    next_eval = cfg.eval_every
-    steps, compute_s, comm_s = 0, 0.0, 0.0
-    t0 = t1 = t2 = 0.0  # this step's start, and its all-reduce's start and end
-    diloco = cfg.mode == "diloco"
-    if diloco:  # the shared anchor is what the outer optimizer steps
+    flat = torch.zeros(sum(p.numel() for p in params) + 2, dtype=params[0].dtype)
+    stream = resized_batches(iter(task.train_batches(shard=rank + 1000 * cfg.seed)), batches[rank])
+    anchor: list[torch.Tensor] = []
+    outer = None
+    if cfg.mode == "diloco":  # the shared anchor is what the outer optimizer steps
         anchor = [p.detach().clone().requires_grad_(True) for p in params]
         outer = torch.optim.SGD(anchor, lr=cfg.outer_lr, momentum=cfg.outer_momentum, nesterov=cfg.outer_momentum > 0)
+    return Rank(
+        rank, cfg, task, batches, Pacing(cfg.slowdowns[rank], cfg.step_time_ms), weight, total_weight,
+        model, optimizer, average, evaluated, params, flat, stream, anchor, outer,
+    )  # fmt: skip
 
-    def pace() -> None:
-        """The emulated device's extra time for this step's compute."""
-        time.sleep(pacing.padding(time.monotonic() - t0, batch))
 
-    def all_reduce() -> None:
-        """All-reduce `flat` with the control slots rank 0 sets: it owns the clock, evaluations and the end."""
-        nonlocal t1, t2
-        flat[numel:] = 0.0
-        if rank == 0:
-            now = train_time()
-            stop = now >= cfg.duration
-            flat[numel + EVAL_SLOT] = float(stop or now >= next_eval)  # always evaluate at the end
-            flat[numel + STOP_SLOT] = float(stop)
-        t1 = time.monotonic()
-        dist.all_reduce(flat)  # waits for the slowest rank
-        t2 = time.monotonic()
+def _pace(r: Rank, began: float) -> None:
+    """The emulated device's extra time for this step's compute."""
+    time.sleep(r.pacing.padding(time.monotonic() - began, r.batch))
 
-    def all_reduce_gradients() -> None:
-        """`train_step`'s hook in the synchronous modes: pace, then average the gradients."""
-        pace()
-        pack(params, flat, weight)
-        all_reduce()
-        unpack(params, flat, total_weight)
 
-    @torch.no_grad()
-    def outer_step() -> None:
-        """DiLoCo's sync: the mean pseudo-gradient (anchor − parameters) steps the anchor; every rank restarts from it."""
-        offset = 0
-        for a, p in zip(anchor, params):
-            flat[offset : offset + p.numel()].copy_(a.reshape(-1)).sub_(p.reshape(-1))
-            offset += p.numel()
-        all_reduce()
-        unpack(anchor, flat, float(n))
-        outer.step()
-        for a, p in zip(anchor, params):
-            p.copy_(a)
+def _all_reduce(r: Rank, state: Progress) -> None:
+    """All-reduce `flat` with the control slots rank 0 sets: it owns the clock, evaluations and the end."""
+    r.flat[r.numel :] = 0.0
+    if r.rank == 0:
+        now = state.train_time()
+        stop = now >= r.cfg.duration
+        r.flat[r.numel + EVAL_SLOT] = float(stop or now >= state.next_eval)  # always evaluate at the end
+        r.flat[r.numel + STOP_SLOT] = float(stop)
+    state.reduce_start = time.monotonic()
+    dist.all_reduce(r.flat)  # waits for the slowest rank
+    state.reduce_end = time.monotonic()
 
-    while True:
-        t0 = time.monotonic()  # drawing the batch is part of the local compute
-        train_step(task, model, optimizer, next(stream), before_update=pace if diloco else all_reduce_gradients)
-        steps += 1
-        synced = not diloco or steps % cfg.local_steps == 0
-        if diloco:
-            t1 = t2 = time.monotonic()
-            if synced:
-                outer_step()
-        average.update(model)
-        eval_due = synced and flat[numel + EVAL_SLOT].item() > 0
-        stop = synced and flat[numel + STOP_SLOT].item() > 0
-        t3 = time.monotonic()
-        compute_s += (t1 - t0) + (t3 - t2)
-        comm_s += t2 - t1
 
-        if eval_due:  # every rank pauses its clock; rank 0 evaluates
-            done = torch.zeros(1)
-            if rank == 0:
-                t_eval = t3 - clock_start - paused  # the clock stopped at t3
-                evaluated.load_state_dict(average.averaged(model))
-                point = {"t": t_eval, "samples": steps * step_samples, **task.evaluate(evaluated)}
-                curve.append(point)
-                met = cfg.target is not None and metric.reached(point[metric.name], cfg.target)
-                if met and point["samples"] >= cfg.min_samples:
-                    done[0] = 1.0
-                while next_eval <= t_eval:  # next point of the grid
-                    next_eval += cfg.eval_every
-            dist.broadcast(done, src=0)  # also the end of the pause for the other ranks
-            paused += time.monotonic() - t3
-            stop = stop or done.item() > 0
-        if stop:
-            break
+def _reduce_gradients(r: Rank, state: Progress, began: float) -> None:
+    """`train_step`'s hook in the synchronous modes: pace, then average the gradients."""
+    _pace(r, began)
+    pack(r.params, r.flat, r.weight)
+    _all_reduce(r, state)
+    unpack(r.params, r.flat, r.total_weight)
 
-    wall = train_time()
+
+@torch.no_grad()
+def _outer_step(r: Rank, state: Progress) -> None:
+    """DiLoCo's sync: the mean pseudo-gradient (anchor − parameters) steps the anchor; every rank restarts from it."""
+    assert r.outer is not None
+    offset = 0
+    for a, p in zip(r.anchor, r.params):
+        r.flat[offset : offset + p.numel()].copy_(a.reshape(-1)).sub_(p.reshape(-1))
+        offset += p.numel()
+    _all_reduce(r, state)
+    unpack(r.anchor, r.flat, float(len(r.cfg.slowdowns)))  # type: ignore[arg-type]
+    r.outer.step()
+    for a, p in zip(r.anchor, r.params):
+        p.copy_(a)
+
+
+def _evaluate(r: Rank, state: Progress, stopped: float) -> bool:
+    """Every rank pauses its clock (stopped at `stopped`) while rank 0 evaluates; return whether rank 0
+    says training is done (the target reached with `min_samples` trained). The broadcast ends the pause."""
+    done = torch.zeros(1)
+    if r.rank == 0:
+        assert r.evaluated is not None
+        t_eval = stopped - state.clock_start - state.paused
+        r.evaluated.load_state_dict(r.average.averaged(r.model))
+        point = {"t": t_eval, "samples": state.steps * sum(r.batches), **r.task.evaluate(r.evaluated)}
+        state.curve.append(point)
+        metric, target = r.task.metric, r.cfg.target
+        if target is not None and metric.reached(point[metric.name], target) and point["samples"] >= r.cfg.min_samples:
+            done[0] = 1.0
+        while state.next_eval <= t_eval:  # next point of the grid
+            state.next_eval += r.cfg.eval_every
+    dist.broadcast(done, src=0)
+    state.paused += time.monotonic() - stopped
+    return done.item() > 0
+
+
+def _measurements(r: Rank, state: Progress) -> dict[str, Any]:
+    """The rank's results: its counts and times; rank 0 adds the curve and what it was measured on."""
+    n, steps, wall = len(r.cfg.slowdowns), state.steps, state.train_time()
+    grad_bytes = sum(p.numel() * p.element_size() for p in r.params)
     out: dict[str, Any] = {
-        "rank": rank,
-        "slowdown": slowdown,
-        "batch": batch,
+        "rank": r.rank,
+        "slowdown": r.pacing.slowdown,
+        "batch": r.batch,
         "steps": steps,
-        "samples": steps * batch,
-        "compute_s": compute_s,
-        "comm_s": comm_s,
+        "samples": steps * r.batch,
+        "compute_s": state.compute_s,
+        "comm_s": state.comm_s,
         "wall_s": wall,
-        "idle_fraction": 1.0 - compute_s / wall if wall > 0 else 0.0,
+        "idle_fraction": 1.0 - state.compute_s / wall if wall > 0 else 0.0,
         # ring all-reduce: each rank sends 2 (n-1)/n of the gradient per step (diloco: per sync)
-        "bytes_sent": int((steps // cfg.local_steps if diloco else steps) * 2 * (n - 1) / n * grad_bytes),
+        "bytes_sent": int((steps // r.cfg.local_steps if r.diloco else steps) * 2 * (n - 1) / n * grad_bytes),
     }
-    if rank == 0:
+    if r.rank == 0:
+        metric = r.task.metric
         out.update(
-            curve=curve,
-            clock_start=clock_start,
-            eval_s=paused,
-            task=task.name,
-            metric=metric.name,
-            higher_is_better=metric.higher_is_better,
-            batch_size=task.batch_size,
-            batches=batches,
-        )
-    dist.destroy_process_group()
+            curve=state.curve, clock_start=state.clock_start, eval_s=state.paused, task=r.task.name, metric=metric.name,
+            higher_is_better=metric.higher_is_better, batch_size=r.task.batch_size, batches=r.batches,
+        )  # fmt: skip
     return out
 
 
