@@ -7,15 +7,15 @@ import time
 
 import torch
 
+from lab.replicas import Sync
 from lab.simulation.config import SimConfig, SimResult, accuracy_task
-from murmur.node.learn.step import train_step
 
 
 def simulate_allreduce(config: SimConfig) -> SimResult:
     """Ideal synchronous data parallelism on the same machines as `GossipSimulation`.
 
     Each step every peer computes a gradient on its own 32-sample batch, the gradients
-    are averaged (one `train_step` on the concatenated batch: the same mean), and the
+    are averaged (`lab.replicas.Sync`: one step on the concatenated batch), and the
     step takes the slowest peer's compute time; communication is free and nobody
     churns. Deterministic: no event loop, and every draw is seeded by `config.seed`.
     """
@@ -25,19 +25,15 @@ def simulate_allreduce(config: SimConfig) -> SimResult:
     task = accuracy_task(config.task)
     profiles_rng = random.Random(config.seed)
     step_s = max(config.network.step_s(config.network.draw(profiles_rng)) for _ in range(config.peers))
-    model = task.build_model()
-    optimizer = task.make_optimizer(model)
-    streams = [task.train_batches(shard) for shard in range(config.peers)]
-    now, grid, metric = 0.0, 0, task.evaluate(model)["accuracy"]
+    sync = Sync(task, shards=range(config.peers))
+    now, grid, metric = 0.0, 0, sync.score()
     while grid * config.eval_every <= config.max_time + 1e-9:
         t = grid * config.eval_every
         while now + step_s <= t:  # steps that finish before this grid point
-            batches = [next(s) for s in streams]
-            train_step(task, model, optimizer, (torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])))
-            now += step_s
+            result.samples += sync.step()
             result.steps += 1
-            result.samples += sum(len(b[1]) for b in batches)
-            metric = task.evaluate(model)["accuracy"]
+            now += step_s
+            metric = sync.score()
         if result.record(t, [metric], 0.0, config.peers):  # one model: no spread, no consensus distance
             break
         if time.perf_counter() - start > config.max_wall_s:

@@ -1,7 +1,7 @@
 """One training step, and the pace of an emulated device.
 
 `train_step` is the only forward/backward/step in Murmur: the node's trainer, the
-synchronous baselines, the simulator and `lab/averaging_gap.py` all call it.
+synchronous baselines and the per-sample lab (`lab/replicas.py`) all call it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,220 @@
+"""Replicas trained per sample in one process, no network, no clock: the core of the learning lab.
+
+Every method trains on the same data streams (stream i is `task.train_batches(shards[i])`)
+and is scored against the total samples all its replicas processed:
+
+  `Sync`    one model, each step on a batch from every stream together (synchronous data parallelism);
+  `Synced`  one replica per stream; every H local steps all take one outer step on their mean
+            pseudo-gradient (DiLoCo; with outer lr 1 and no momentum, the exact mean of their parameters);
+  `Gossip`  real `Trainer`s at emulated speeds on an event-time grid, each merging with a random
+            partner by the node's own rule and merge code, as `Averager` would, instantly or with a lag.
+
+`run` steps a method to a sample budget and records its `Curve`. The simulator's all-reduce
+baseline steps a `Sync` too.
+"""
+
+from __future__ import annotations
+
+import copy
+import heapq
+import random
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from murmur.node.learn.rules import MergeRule
+from murmur.node.learn.step import scale_learning_rate, train_step
+from murmur.node.learn.tasks import Task
+from murmur.node.learn.tasks.task import Metric
+from murmur.node.learn.trainer import Snapshot, Trainer
+from murmur.node.learn.weight_average import WeightAverage
+
+
+class Method(Protocol):
+    def step(self) -> int:
+        """Advance by one event; return the samples it trained on (0 for an event that only merges)."""
+
+    def score(self) -> float:
+        """The task's held-out metric now (the median replica's, where replicas differ)."""
+
+
+@dataclass
+class Curve:
+    """Held-out metric (median replica) against total samples processed by all replicas."""
+
+    samples: list[int] = field(default_factory=list)
+    metric: list[float] = field(default_factory=list)
+
+    def at(self, samples: int) -> float:
+        """The metric at the last grid point at or before `samples`."""
+        return next(m for s, m in zip(reversed(self.samples), reversed(self.metric)) if s <= samples)
+
+    def samples_to(self, target: float, metric: Metric) -> int | None:
+        """The first grid point's samples where `metric` reached `target`, or None."""
+        return next((s for s, m in zip(self.samples, self.metric) if metric.reached(m, target)), None)
+
+
+def run(method: Method, samples: int, eval_every: int) -> Curve:
+    """Step `method` until it trained on `samples`; score it every `eval_every` samples and at the end."""
+    curve, done, next_eval = Curve(), 0, eval_every
+    while done < samples:
+        done += method.step()
+        if done >= next_eval or done >= samples:
+            curve.samples.append(done)
+            curve.metric.append(method.score())
+            while next_eval <= done:
+                next_eval += eval_every
+    return curve
+
+
+class _WithOptimizer:
+    """`task` with another optimizer; everything else is the task's."""
+
+    def __init__(self, task: Task, make_optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer]) -> None:
+        self._task = task
+        self.make_optimizer = make_optimizer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._task, name)
+
+
+def with_optimizer(task: Task, spec: str) -> Task:
+    """`task`: the task itself; `sgd:LR`: the task trained by SGD with momentum 0.9. Raises `ValueError` otherwise."""
+    if spec == "task":
+        return task
+    if spec.startswith("sgd:"):
+        lr = float(spec.split(":", 1)[1])
+        return _WithOptimizer(task, lambda model: torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9))  # type: ignore[return-value]
+    raise ValueError(f"optimizer must be 'task' or 'sgd:LR', not {spec!r}")
+
+
+class Sync:
+    """Synchronous data parallelism: one model, each step on one batch from every stream together.
+
+    One step on the concatenated batch is the all-reduce of equal batches' mean gradients.
+    """
+
+    def __init__(self, task: Task, shards: Sequence[int], lr_scale: float = 1.0, ema_decay: float = 0.0) -> None:
+        self.task = task
+        self.model = task.build_model()
+        self.optimizer = task.make_optimizer(self.model)
+        scale_learning_rate(self.optimizer, lr_scale)
+        self.average = WeightAverage(self.model, ema_decay)
+        self._evaluated = copy.deepcopy(self.model)
+        self._streams = [task.train_batches(shard) for shard in shards]
+
+    def step(self) -> int:
+        xs, ys = zip(*(next(s) for s in self._streams))
+        train_step(self.task, self.model, self.optimizer, (torch.cat(xs), torch.cat(ys)))
+        self.average.update(self.model)
+        return sum(len(y) for y in ys)
+
+    def score(self) -> float:
+        self._evaluated.load_state_dict(self.average.averaged(self.model))
+        return self.task.evaluate(self._evaluated)[self.task.metric.name]
+
+
+class Synced:
+    """One replica per stream; every `local_steps` steps each, one outer Nesterov step from the shared
+    anchor on their mean pseudo-gradient (anchor − replica), as torchft's DiLoCo does with
+    `SGD(nesterov=True)`. Optimizer state stays per replica. `outer_lr=1, outer_momentum=0`
+    sets every replica to the exact mean of their parameters."""
+
+    def __init__(
+        self, task: Task, shards: Sequence[int], local_steps: int, outer_lr: float, outer_momentum: float,
+        lr_scale: float = 1.0, ema_decay: float = 0.0,
+    ) -> None:
+        self.task, self.local_steps = task, local_steps
+        self.replicas = [Trainer(task, shard=shard, ema_decay=ema_decay) for shard in shards]
+        for trainer in self.replicas:
+            trainer.model.load_state_dict(self.replicas[0].model.state_dict())
+            scale_learning_rate(trainer.optimizer, lr_scale)
+        self._anchor = [p.detach().clone().requires_grad_(True) for p in self.replicas[0].model.parameters()]
+        self._outer = torch.optim.SGD(self._anchor, lr=outer_lr, momentum=outer_momentum, nesterov=outer_momentum > 0)
+
+    def step(self) -> int:
+        """Every replica's local steps, then the outer step; returns the samples of all local steps."""
+        before = sum(t.samples for t in self.replicas)
+        for trainer in self.replicas:
+            for _ in range(self.local_steps):
+                trainer.step()
+        with torch.no_grad():
+            for k, a in enumerate(self._anchor):
+                a.grad = a - torch.stack([list(t.model.parameters())[k] for t in self.replicas]).mean(0)
+            self._outer.step()
+            for trainer in self.replicas:
+                for p, a in zip(trainer.model.parameters(), self._anchor):
+                    p.copy_(a)
+                trainer.average.update(trainer.model)  # the synced model is this replica's next point
+        return sum(t.samples for t in self.replicas) - before
+
+    def score(self) -> float:
+        return self.replicas[0].evaluate().metrics[self.task.metric.name]
+
+
+def merge_pair(a: Trainer, b: Trainer, reset_adam: bool = False, snapshots: tuple[Snapshot, Snapshot] | None = None) -> None:
+    """Both sides of one exchange, as two averagers would apply it (no screening: honest peers),
+    from `snapshots` taken when it began (default: at once). `reset_adam` clears both optimizers' state after."""
+    snap_a, snap_b = snapshots or (a.snapshot(), b.snapshot())
+    for trainer, local, remote in ((a, snap_a, snap_b), (b, snap_b, snap_a)):
+        decision = trainer.rule.decide(local.weight, remote.weight, (local.fresh, remote.fresh))
+        trainer.merge(local, remote.state, decision.remote_share, decision.weight_after)
+        if reset_adam:
+            trainer.optimizer.state.clear()
+
+
+STEP, START_MERGE, END_MERGE = 0, 1, 2  # event kinds; at one time, steps come first
+
+
+class Gossip:
+    """Replicas stepping at speeds 1/slowdown; each starts a merge with a random partner every `period`
+    (time unit: a step of the fastest replica). Replica i trains on stream `shards[i]`.
+
+    With `lag` > 0 a merge takes that long, as a real exchange does: both sides snapshot at its
+    start, keep stepping, and apply it at its end; a merge that would involve a replica already
+    in one is skipped (a busy answer).
+    """
+
+    def __init__(
+        self, task: Task, slowdowns: Sequence[float], shards: Sequence[int], rule: Callable[[], MergeRule], seed: int,
+        period: float, lag: float = 0.0, reset_adam: bool = False, lr_scale: float = 1.0, ema_decay: float = 0.0,
+    ) -> None:
+        self.task, self.slowdowns, self.period, self.lag, self.reset_adam = task, slowdowns, period, lag, reset_adam
+        self.trainers = [Trainer(task, shard=shard, rule=rule(), ema_decay=ema_decay) for shard in shards]
+        for trainer in self.trainers:
+            scale_learning_rate(trainer.optimizer, lr_scale)
+        self._rng = random.Random(seed)
+        self._fastest = min(slowdowns)
+        n = len(slowdowns)
+        # (time, kind, replica, merge): a replica is in at most one merge, so `merge` is never compared.
+        self._events: list[tuple] = [(s / self._fastest, STEP, i, None) for i, s in enumerate(slowdowns)]
+        self._events += [(period * (i + 1) / n, START_MERGE, i, None) for i in range(n)]
+        heapq.heapify(self._events)
+        self._in_merge: set[int] = set()
+
+    def step(self) -> int:
+        t, kind, i, merge = heapq.heappop(self._events)
+        if kind == STEP:
+            self.trainers[i].step()
+            heapq.heappush(self._events, (t + self.slowdowns[i] / self._fastest, STEP, i, None))
+            return self.task.batch_size
+        if kind == START_MERGE:
+            partner = self._rng.choice([j for j in range(len(self.trainers)) if j != i])
+            heapq.heappush(self._events, (t + self.period, START_MERGE, i, None))
+            pair = self.trainers[i], self.trainers[partner]
+            if not self.lag:
+                merge_pair(*pair, self.reset_adam)
+            elif not self._in_merge & {i, partner}:
+                self._in_merge |= {i, partner}
+                heapq.heappush(self._events, (t + self.lag, END_MERGE, i, (partner, (pair[0].snapshot(), pair[1].snapshot()))))
+            return 0
+        partner, snapshots = merge
+        merge_pair(self.trainers[i], self.trainers[partner], self.reset_adam, snapshots)
+        self._in_merge -= {i, partner}
+        return 0
+
+    def score(self) -> float:
+        return statistics.median(t.evaluate().metrics[self.task.metric.name] for t in self.trainers)
