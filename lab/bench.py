@@ -62,7 +62,7 @@ from lab.links import (
 )
 from lab.netns import Netns
 from lab.progress import Progress
-from lab.swarm import FORK_PRELOAD, ONE_THREAD, ForkedPeer, stop_processes
+from lab.swarm import FORK_PRELOAD, ForkedProcess, peer_id, start_peer, stop_processes
 from lab.sync_baseline import RANK_MODULE, run_sync
 from murmur.node.learn.tasks.task import Metric
 from murmur.node.learn.weight_average import DEFAULT_DECAY
@@ -76,13 +76,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _peer_id(data_dir: Path) -> str:
-    """The peer ID `murmur run --data-dir data_dir` will have (its key is created now)."""
-    from murmur.node.net.identity import load_or_create_identity, peer_id_of
-
-    return peer_id_of(load_or_create_identity(data_dir))
 
 
 def _metric(spec: dict) -> Metric:
@@ -109,22 +102,23 @@ def run_murmur(
     dirs = [root / f"peer-{i}" for i in range(len(slowdowns))]
     start_file = root / "start-at"
     hosts = [ns.address for ns in links] if links else ["127.0.0.1"] * len(slowdowns)
-    first = f"/ip4/{hosts[0]}/tcp/{ports[0]}/p2p/{_peer_id(dirs[0])}"
+    first = f"/ip4/{hosts[0]}/tcp/{ports[0]}/p2p/{peer_id(dirs[0])}"
     procs = []
     for i, (slowdown, data_dir) in enumerate(zip(slowdowns, dirs)):
-        args = [
-            "run", "--task", task, "--data-dir", str(data_dir), "--listen", f"/ip4/{hosts[i]}/tcp/{ports[i]}",
-            "--slowdown", str(slowdown), "--step-time", str(spec["step_time"]), "--duration", str(max_s),
+        extra = [
+            "--task", task, "--step-time", str(spec["step_time"]), "--duration", str(max_s),
             "--start-file", str(start_file), "--shard", str(1000 * seed + i), "--record-params", "--log-level", "INFO",
             "--lr-scale", str(lr_scale), "--eval-every", str(spec.get("eval_every", 1.0)), "--ema-decay", str(ema_decay),
-            *ONE_THREAD,
         ]
         if method == "ideal":
-            args += ["--average-every", "1e9"]  # alone: no bootstrap, no exchanges
+            extra += ["--average-every", "1e9"]  # alone: no bootstrap, no exchanges
         else:
-            args += MURMUR_ARGS[method] + (["--bootstrap", first] if i else [])
-        data_dir.mkdir(exist_ok=True)  # peer 0 has its key already
-        procs.append(_start_peer(args, data_dir / "log.txt", links[i] if links else None))
+            extra += MURMUR_ARGS[method]
+        peer = start_peer(
+            i, root, slowdown, extra, first if i and method != "ideal" else None, fork=True, data_dir=data_dir,
+            listen=f"/ip4/{hosts[i]}/tcp/{ports[i]}", netns=links[i] if links else None,
+        )  # fmt: skip
+        procs.append(peer.process)
     try:
         joined = time.monotonic()
         # Peers in namespaces pull the model over their capped links.
@@ -148,14 +142,7 @@ def run_murmur(
     return result
 
 
-def _start_peer(args: list[str], log_path: Path, ns: Netns | None) -> ForkedPeer:
-    """`murmur run ARGS`, forked from the preloaded server; inside namespace `ns` (which then tracks it) if given."""
-    if ns is None:
-        return ForkedPeer(args, log_path)
-    return ns.adopt(ForkedPeer(args, log_path, netns=ns.name))
-
-
-def _wait_until_ready(procs: list[ForkedPeer], dirs: list[Path], others: int, timeout: float = 60.0) -> None:
+def _wait_until_ready(procs: list[ForkedProcess], dirs: list[Path], others: int, timeout: float = 60.0) -> None:
     """Wait until every peer waits for its start time, knowing `others` peers; raise if one exits or time runs out."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

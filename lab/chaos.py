@@ -19,133 +19,70 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab.swarm import ONE_THREAD, murmur_command, peer_environment
+from lab.swarm import Peer, kill_peer, restart_peer, start_peer, stop_swarm, wait_for_address
 from murmur.node.learn.checkpoint import load_latest
 
 EXCHANGE_TIMEOUT = 5.0
 LIVENESS_TIMEOUT = 8.0
-
-
-@dataclass
-class Proc:
-    data_dir: Path
-    port: int
-    peer_id: str
-    process: subprocess.Popen
-    started: float
-    killed_at: float | None = None
-
-    @property
-    def address(self) -> str:
-        return f"/ip4/127.0.0.1/tcp/{self.port}/p2p/{self.peer_id}"
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def status(self) -> dict:
-        try:
-            return json.loads((self.data_dir / "status.json").read_text())
-        except (OSError, json.JSONDecodeError):
-            return {}
-
-
-@dataclass
-class Swarm:
-    root: Path
-    extra: list[str]
-    procs: list[Proc] = field(default_factory=list)
-    counter: int = 0
-
-    def start(self, bootstrap: str | None, data_dir: Path | None = None) -> Proc:
-        if data_dir is None:
-            data_dir = self.root / f"peer-{self.counter}"
-            self.counter += 1
-        data_dir.mkdir(parents=True, exist_ok=True)
-        peer_id = subprocess.run(murmur_command() + ["id", "--data-dir", str(data_dir)], check=True, capture_output=True, text=True).stdout.strip()
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        args = murmur_command() + ["run", "--data-dir", str(data_dir), "--listen", f"/ip4/127.0.0.1/tcp/{port}", *ONE_THREAD, *self.extra]
-        if bootstrap:
-            args += ["--bootstrap", bootstrap]
-        log = (data_dir / "log.txt").open("a")
-        proc = Proc(data_dir, port, peer_id, subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=peer_environment()), time.time())
-        self.procs.append(proc)
-        return proc
-
-    def live(self) -> list[Proc]:
-        return [p for p in self.procs if p.alive()]
-
-    def stop(self) -> None:
-        for p in self.live():
-            os.kill(p.process.pid, signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.process.kill()
-                p.process.wait()
-
-
-def _metrics(data_dir: Path) -> list[dict]:
-    path = data_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+GRACE_S = 4.0  # beyond the liveness timeout, before a dead peer still listed counts as a violation
+TICK_S = 0.5
 
 
 def run_swarm(root: Path, peers: int, duration: float, kill_every: float | None, rng: random.Random, extra: list[str]) -> dict:
     """Run one swarm for `duration` seconds (with churn if `kill_every`); return observations."""
-    swarm = Swarm(root, extra)
-    first = swarm.start(None)
-    time.sleep(1.0)
-    for _ in range(peers - 1):
-        swarm.start(first.address)
-    kills: list[tuple[float, str, Path]] = []
-    membership_violations: list[str] = []
-    end = time.time() + duration
-    next_kill = time.time() + (kill_every or math.inf)
+    procs: list[Peer] = [start_peer(0, root, 1.0, extra, None)]
+    kills: list[tuple[float, str]] = []
+    violations: list[str] = []
     try:
-        while time.time() < end:
-            time.sleep(0.5)
-            now = time.time()
-            live = swarm.live()
-            live_ids = {p.peer_id for p in live}
-            last_kill = {peer_id: when for when, peer_id, _ in kills}  # a restarted peer may die twice
-            for peer_id, when in last_kill.items():
-                if now - when > LIVENESS_TIMEOUT + 4 and peer_id not in live_ids:
-                    for p in live:
-                        if peer_id in p.status().get("peers", []) and now - p.started > LIVENESS_TIMEOUT + 4:
-                            membership_violations.append(f"{p.peer_id[-8:]} still lists {peer_id[-8:]} {now - when:.0f}s after its death")
+        first = wait_for_address(procs[0])
+        procs += [start_peer(i, root, 1.0, extra, first) for i in range(1, peers)]
+        end = time.monotonic() + duration
+        next_kill = time.monotonic() + (kill_every or math.inf)
+        while time.monotonic() < end:
+            time.sleep(TICK_S)
+            now = time.monotonic()
+            live = [p for p in procs if p.alive()]
+            violations += _membership_violations(live, kills, now)
             if now >= next_kill and len(live) > 1 and now + 5 < end:  # a replacement needs time to start
                 victim = rng.choice(live)
-                os.kill(victim.process.pid, signal.SIGKILL)
-                victim.process.wait()
-                victim.killed_at = now
-                kills.append((now, victim.peer_id, victim.data_dir))
-                bootstrap = rng.choice([p for p in live if p is not victim]).address
-                swarm.start(bootstrap, victim.data_dir if rng.random() < 0.5 else None)
-                next_kill = now + kill_every
+                kill_peer(victim)
+                kills.append((now, victim.peer_id))
+                bootstrap = rng.choice([a for p in live if p is not victim and (a := p.address())] or [first])
+                fresh = rng.random() >= 0.5  # else restart from the killed peer's data dir (checkpoint resume)
+                procs.append(start_peer(len(procs), root, 1.0, extra, bootstrap) if fresh
+                             else restart_peer(victim, extra, bootstrap))  # fmt: skip
+                next_kill = now + (kill_every or math.inf)
     finally:
-        swarm.stop()
-    return observe(swarm, kills, membership_violations)
+        stop_swarm(procs, timeout=20)
+    return observe(procs, kills, violations)
 
 
-def observe(swarm: Swarm, kills: list, membership_violations: list[str]) -> dict:
+def _membership_violations(live: list[Peer], kills: list[tuple[float, str]], now: float) -> list[str]:
+    """Live peers (up long enough to have heard) that still list a peer killed more than the liveness timeout ago."""
+    live_ids = {p.peer_id for p in live}
+    last_kill = {peer_id: when for when, peer_id in kills}  # a restarted peer may die twice
+    out = []
+    for peer_id, when in last_kill.items():
+        if now - when > LIVENESS_TIMEOUT + GRACE_S and peer_id not in live_ids:
+            for p in live:
+                if peer_id in (p.status() or {}).get("peers", []) and now - p.started > LIVENESS_TIMEOUT + GRACE_S:
+                    out.append(f"{p.peer_id[-8:]} still lists {peer_id[-8:]} {now - when:.0f}s after its death")
+    return out
+
+
+def observe(procs: list[Peer], kills: list, membership_violations: list[str]) -> dict:
+    """Judge a finished run from its processes' metrics and checkpoints."""
     stalls, nonfinite = [], []
     finals = []
-    for p in swarm.procs:
-        records = _metrics(p.data_dir) if p.killed_at is None else []
-        # metrics.jsonl is rewritten by each run of a data dir; judge only processes that ran to the end.
+    for p in procs:
+        # A data dir's metrics file is rewritten by each run of it: judge only processes that ran to the end.
+        records = p.metrics() if p.process.returncode != -9 else []
         times = [r["t"] for r in records]
         gaps = [b - a for a, b in zip(times, times[1:])]
         if gaps and max(gaps) > EXCHANGE_TIMEOUT:
@@ -156,16 +93,16 @@ def observe(swarm: Swarm, kills: list, membership_violations: list[str]) -> dict
             finals.append(records[-1]["accuracy"])
     import torch
 
-    for data_dir in {p.data_dir for p in swarm.procs}:
+    for data_dir in {p.data_dir for p in procs}:
         found = load_latest(data_dir / "checkpoints")
         if found and not all(torch.isfinite(t).all() for t in found[0]["model"].values()):
             nonfinite.append(f"checkpoint {found[1]} holds NaN/Inf")
-    leftovers = [p.process.pid for p in swarm.procs if p.process.poll() is None]
+    leftovers = [p.process.pid for p in procs if p.alive()]
     return {
-        "kills": len(kills), "processes": len(swarm.procs), "stalls": stalls, "nonfinite": nonfinite,
+        "kills": len(kills), "processes": len(procs), "stalls": stalls, "nonfinite": nonfinite,
         "membership_violations": membership_violations[:20], "leftover_pids": leftovers,
         "median_final_accuracy": statistics.median(finals) if finals else None,
-        "exit_codes": [p.process.returncode for p in swarm.procs],
+        "exit_codes": [p.process.returncode for p in procs],
     }
 
 

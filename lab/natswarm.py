@@ -1,5 +1,5 @@
 """A Murmur swarm through real NAT: public peers (bootstrap and relays, all `--relay-service`) and two
-peers each behind its own NAT router, every one a `murmur run` process (forked, see `ForkedPeer`) in its own network namespace.
+peers each behind its own NAT router, every one a `murmur run` peer of `lab.swarm` forked into its own network namespace.
 
 Used by `tests/test_nat.py` and `lab/nat_measure.py`. Needs root, iproute2 and iptables
 (`lab.netns.netns_unavailable_reason`).
@@ -7,7 +7,6 @@ Used by `tests/test_nat.py` and `lab/nat_measure.py`. Needs root, iproute2 and i
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import time
@@ -15,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lab.netns import Netns, Network
-from lab.swarm import ForkedPeer
+from lab.swarm import Peer, kill_peer, start_peer
 
 PORT = 4001
 PUNCH_LINE = re.compile(r"direct connection to (\w+) \(hole punched\)")
@@ -44,7 +43,7 @@ class NatSwarm:
         self.extra = list(extra)
         self.net = Network(prefix="nsw")
         self.hosts: dict[str, Netns] = {}
-        self.procs: dict[str, ForkedPeer] = {}
+        self.peers: dict[str, Peer] = {}
         self.started = 0.0
         self.killed: set[str] = set()
 
@@ -72,27 +71,23 @@ class NatSwarm:
         self.net.close()
 
     def _start(self, name: str, *args: str) -> None:
-        data = self.root / name
-        data.mkdir(parents=True, exist_ok=True)
-        argv = ["run", "--data-dir", str(data), "--listen", f"/ip4/0.0.0.0/tcp/{PORT}", "--addr-file", str(data / "addrs.txt"),
-                "--threads", "1", "--duration", str(self.duration), *self.extra, *args]
-        host = self.hosts[name]
-        self.procs[name] = host.adopt(ForkedPeer(argv, data / "log.txt", netns=host.name))
+        extra = ["--duration", str(self.duration), *self.extra, *args]
+        self.peers[name] = start_peer(
+            len(self.peers), self.root, 1.0, extra, None, data_dir=self.root / name, listen=f"/ip4/0.0.0.0/tcp/{PORT}",
+            netns=self.hosts[name],
+        )  # fmt: skip
 
     def peer_id(self, name: str, timeout: float = 90.0) -> str:
-        """The peer's ID, from its addr file (waits for it to start listening)."""
-        self.wait_until(lambda: (self.root / name / "addrs.txt").exists(), f"{name} listening", timeout)
-        return (self.root / name / "addrs.txt").read_text().split()[0].rsplit("/p2p/", 1)[1]
+        """The peer's ID, once it listens."""
+        self.wait_until(lambda: self.peers[name].address() is not None, f"{name} listening", timeout)
+        return self.peers[name].peer_id
 
     def status(self, name: str) -> dict:
-        """The peer's latest status.json, or {} before it writes one."""
-        try:
-            return json.loads((self.root / name / "status.json").read_text())
-        except (OSError, ValueError):
-            return {}
+        """The peer's latest status, or {} before it writes one."""
+        return self.peers[name].status() or {}
 
     def log(self, name: str) -> str:
-        return (self.root / name / "log.txt").read_text(errors="replace")
+        return self.peers[name].log()
 
     def wait_until(self, condition: Callable[[], bool], what: str, timeout: float) -> float:
         """Poll `condition` every 0.25 s; return the seconds since start when it holds. Raises NatSwarmError."""
@@ -100,9 +95,9 @@ class NatSwarm:
         while time.monotonic() < deadline:
             if condition():
                 return time.monotonic() - self.started
-            for name, proc in self.procs.items():
-                if proc.poll() is not None and name not in self.killed:
-                    raise NatSwarmError(f"{name} exited with {proc.returncode} waiting for {what}; see {self.root / name}")
+            for name, peer in self.peers.items():
+                if not peer.alive() and name not in self.killed:
+                    raise NatSwarmError(f"{name} exited with {peer.process.returncode} waiting for {what}; see {peer.data_dir}")
             time.sleep(0.25)
         raise NatSwarmError(f"no {what} within {timeout:g} s; logs under {self.root}\n{self._log_tails()}")
 
@@ -119,8 +114,7 @@ class NatSwarm:
     def kill(self, name: str) -> None:
         """SIGKILL one peer (a crash, not a goodbye)."""
         self.killed.add(name)
-        self.procs[name].kill()
-        self.procs[name].wait(timeout=10)
+        kill_peer(self.peers[name])
 
     def can_dial(self, src: str, ip: str, port: int = PORT) -> bool:
         """Whether a plain TCP connect from `src`'s namespace to ip:port succeeds within 2 s."""

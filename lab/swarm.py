@@ -1,9 +1,11 @@
-"""Local swarms of `murmur run` OS processes: start, watch, stop by PID.
+"""Local peer processes: start a peer, wait for its address, read its status, stop it by PID.
 
-Used by `murmur demo`, the benchmarks and the swarm tests. Every peer gets its own
-data dir under `root`; the first peer's address (from its `--addr-file`) is every
-other peer's bootstrap. `ForkedPeer` starts `murmur run` faster, for benchmarks that
-start many short-lived swarms.
+The one manager of `murmur run` processes in the lab: `murmur demo`, the benchmarks, the
+chaos run (`lab.chaos`: SIGKILL churn and restarts), the NAT swarm (`lab.natswarm`: peers
+in network namespaces) and the swarm tests build on it. Every peer has its own data dir;
+its key is made before it starts, so its ID is known at once, and its address is the
+first line of its `--addr-file`. `murmur_command` names the peer command; a `ForkedPeer`
+runs that same command in a process forked from a server that has imported it once.
 """
 
 from __future__ import annotations
@@ -11,43 +13,32 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import runpy
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from murmur.node.ops.node import METRICS_FILE, STATUS_FILE
+
+if TYPE_CHECKING:
+    from lab.netns import Netns
+
+ADDR_FILE = "addrs.txt"
+LOG_FILE = "log.txt"
+LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 
 
 class SwarmError(RuntimeError):
     """A peer failed to start or to publish its address in time."""
 
 
-@dataclass
-class Peer:
-    index: int
-    slowdown: float
-    data_dir: Path
-    process: subprocess.Popen | ForkedPeer
-
-    def status(self) -> dict | None:
-        try:
-            return json.loads((self.data_dir / STATUS_FILE).read_text())
-        except (OSError, json.JSONDecodeError):
-            return None
-
-    def metrics(self) -> list[dict]:
-        try:
-            lines = (self.data_dir / METRICS_FILE).read_text().splitlines()
-        except OSError:
-            return []
-        return [json.loads(line) for line in lines if line.strip()]
-
-
 def murmur_command() -> list[str]:
+    """The command line of a local peer, before `run` and its flags: the one place that names it."""
     return [sys.executable, "-m", "murmur.node.cli"]
 
 
@@ -76,19 +67,21 @@ class ForkedProcess:
     """`target(*args)` in a process forked from a server that has imported everything once.
 
     The process runs in its own session (so it is stopped by PID, never by a Ctrl-C meant
-    for its starter), with its output in `log_path`, no `MURMUR_*` settings and, given
-    `netns`, inside that network namespace (`lab.netns.enter_namespace`). It is
-    ready in about a second instead of the several a fresh interpreter spends importing
-    torch. Popen-like (`pid`, `poll`, `wait`, `kill`, `returncode`), so
-    `stop_processes` and a namespace's teardown stop it by PID.
+    for its starter), with its output in `log_path` (appended to with `append`), no
+    `MURMUR_*` settings and, given `netns`, inside that network namespace
+    (`lab.netns.enter_namespace`). It is ready in about a second instead of the several a
+    fresh interpreter spends importing torch. Popen-like (`pid`, `poll`, `wait`, `kill`,
+    `returncode`), so `stop_processes` and a namespace's teardown stop it by PID.
     """
 
     def __init__(self, target: Callable[..., object], args: tuple, log_path: Path, netns: str | None = None,
-                 name: str = "forked") -> None:
+                 name: str = "forked", *, append: bool = False) -> None:
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(FORK_PRELOAD)
         # daemon: should this process die, multiprocessing's exit handler still ends the child
-        self._process = context.Process(target=_in_own_session, args=(target, args, str(log_path), netns), name=name, daemon=True)
+        self._process = context.Process(
+            target=_in_own_session, args=(target, args, str(log_path), netns, append), name=name, daemon=True,
+        )
         self._process.start()
         self.pid: int = self._process.pid  # type: ignore[assignment]  # set by start()
 
@@ -111,16 +104,19 @@ class ForkedProcess:
 
 
 class ForkedPeer(ForkedProcess):
-    """`murmur run ARGV` as a `ForkedProcess`: the command's own code (`murmur.node.ops.run.main`), like `start_peer`'s peers."""
+    """`murmur run ARGV` as a `ForkedProcess`: the module `murmur_command` names, run as `__main__`."""
 
-    def __init__(self, argv: list[str], log_path: Path, netns: str | None = None) -> None:
+    def __init__(self, argv: list[str], log_path: Path, netns: str | None = None, *, append: bool = False) -> None:
         if argv[:1] != ["run"]:
             raise ValueError(f"a forked peer runs `murmur run`, not {argv[:1]}")
-        super().__init__(_murmur_run, (argv[1:],), log_path, netns, name="murmur-run")
+        command = murmur_command()
+        if command[1:2] != ["-m"]:
+            raise ValueError(f"a forked peer runs a module (`python -m ...`), not {command}")
+        super().__init__(_run_module, (command[2], [*command[3:], *argv]), log_path, netns, name="murmur-run", append=append)
 
 
-def _in_own_session(target: Callable[..., object], args: tuple, log_path: str, netns: str | None) -> None:
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+def _in_own_session(target: Callable[..., object], args: tuple, log_path: str, netns: str | None, append: bool) -> None:
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC), 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
@@ -134,52 +130,118 @@ def _in_own_session(target: Callable[..., object], args: tuple, log_path: str, n
     target(*args)
 
 
-def _murmur_run(args: list[str]) -> None:
-    from murmur.node.ops import run
+def _run_module(module: str, argv: list[str]) -> None:
+    """`python -m module ARGV`, in this process (the fork server has imported its dependencies)."""
+    sys.argv = [module, *argv]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
 
-    with run.quiet_stop_signals():
-        code = run.main(args)
-    run.exit_now(code)
+
+def peer_id(data_dir: Path) -> str:
+    """The peer ID `murmur run --data-dir data_dir` has (its key is made now if it has none)."""
+    from murmur.node.net.identity import load_or_create_identity, peer_id_of
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return peer_id_of(load_or_create_identity(data_dir))
+
+
+@dataclass
+class Peer:
+    """One local peer process: its data dir, its process (Popen-like), its ID and when it started."""
+
+    index: int
+    slowdown: float
+    data_dir: Path
+    process: subprocess.Popen | ForkedProcess
+    peer_id: str = ""
+    started: float = field(default_factory=time.monotonic)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def address(self) -> str | None:
+        """The first address the peer published, or None before it listens."""
+        try:
+            lines = (self.data_dir / ADDR_FILE).read_text().split()
+        except OSError:
+            return None
+        return lines[0] if lines else None
+
+    def status(self) -> dict | None:
+        """The peer's latest status file, or None before it writes one."""
+        try:
+            return json.loads((self.data_dir / STATUS_FILE).read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+
+    def metrics(self) -> list[dict]:
+        """Its evaluations so far (each run of a data dir starts the file afresh)."""
+        try:
+            lines = (self.data_dir / METRICS_FILE).read_text().splitlines()
+        except OSError:
+            return []
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def log(self) -> str:
+        return (self.data_dir / LOG_FILE).read_text(errors="replace")
 
 
 def start_peer(
-    index: int, root: Path, slowdown: float, extra: list[str], bootstrap: str | None, command: list[str] | None = None,
-    *, fork: bool = False,
+    index: int, root: Path, slowdown: float, extra: Sequence[str], bootstrap: str | None, command: list[str] | None = None,
+    *, fork: bool = False, data_dir: Path | None = None, listen: str = LOOPBACK, netns: Netns | None = None,
+    append_log: bool = False,
 ) -> Peer:
-    """Start `murmur run` (or `command`, e.g. an adversary) as peer `index` under `root`.
+    """Start `murmur run` (or `command`, e.g. an adversary) as peer `index`, in `data_dir` (default: `root/peer-INDEX`).
 
-    The peer runs one torch thread (`ONE_THREAD`) unless `extra` says otherwise. With
-    `fork`, a `murmur run` peer is a `ForkedPeer`, ready in about a second; its command
-    line is then the fork server's, so look for it by PID, not by arguments.
+    The peer runs one torch thread (`ONE_THREAD`) unless `extra` says otherwise and listens on
+    `listen`. With `fork`, a `murmur run` peer is a `ForkedPeer`, ready in about a second; its
+    command line is then the fork server's, so look for it by PID, not by arguments. With
+    `netns` it is forked into that namespace, whose teardown then stops it too.
+    `append_log` keeps the log of an earlier run of the same data dir (a restart).
     """
-    data_dir = root / f"peer-{index}"
+    data_dir = data_dir if data_dir is not None else root / f"peer-{index}"
     data_dir.mkdir(parents=True, exist_ok=True)
-    (data_dir / "addrs.txt").unlink(missing_ok=True)
-    if fork and command is not None:
+    if (fork or netns is not None) and command is not None:
         raise ValueError("only `murmur run` peers can be forked")
-    args = (command or murmur_command()) + [
-        "run", "--data-dir", str(data_dir), "--listen", "/ip4/127.0.0.1/tcp/0",
-        "--addr-file", str(data_dir / "addrs.txt"), "--slowdown", str(slowdown), *ONE_THREAD, *extra,
-    ]
+    identity = peer_id(data_dir) if command is None else ""
+    (data_dir / ADDR_FILE).unlink(missing_ok=True)
+    argv = [
+        "run", "--data-dir", str(data_dir), "--listen", listen, "--addr-file", str(data_dir / ADDR_FILE),
+        "--slowdown", str(slowdown), *ONE_THREAD, *extra,
+    ]  # fmt: skip
     if bootstrap:
-        args += ["--bootstrap", bootstrap]
-    if fork:
-        return Peer(index, slowdown, data_dir, ForkedPeer(args[len(murmur_command()):], data_dir / "log.txt"))
-    log = (data_dir / "log.txt").open("w")
-    # A new session: Ctrl-C reaches only the controller, which stops peers by PID.
-    process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=peer_environment())
-    return Peer(index, slowdown, data_dir, process)
+        argv += ["--bootstrap", bootstrap]
+    log_path = data_dir / LOG_FILE
+    process: subprocess.Popen | ForkedProcess
+    if fork or netns is not None:
+        process = ForkedPeer(argv, log_path, netns=netns.name if netns is not None else None, append=append_log)
+        if netns is not None:
+            netns.adopt(process)
+    else:
+        with log_path.open("a" if append_log else "w") as log:
+            # A new session: Ctrl-C reaches only the controller, which stops peers by PID.
+            process = subprocess.Popen(
+                (command or murmur_command()) + argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env=peer_environment(),
+            )  # fmt: skip
+    return Peer(index, slowdown, data_dir, process, identity)
+
+
+def restart_peer(peer: Peer, extra: Sequence[str], bootstrap: str | None, *, fork: bool = False) -> Peer:
+    """Start a stopped peer again from its data dir (same identity, its checkpoints), its log appended to."""
+    if peer.alive():
+        raise ValueError(f"peer {peer.index} still runs (pid {peer.process.pid})")
+    return start_peer(peer.index, peer.data_dir.parent, peer.slowdown, extra, bootstrap, fork=fork,
+                      data_dir=peer.data_dir, append_log=True)  # fmt: skip
 
 
 def wait_for_address(peer: Peer, timeout: float = 60.0) -> str:
-    """Return the peer's first listening address once its addr file appears."""
+    """Return the peer's first listening address once its addr file appears; raises `SwarmError`."""
     deadline = time.monotonic() + timeout
-    path = peer.data_dir / "addrs.txt"
     while time.monotonic() < deadline:
-        if peer.process.poll() is not None:
-            raise SwarmError(f"peer {peer.index} exited with {peer.process.returncode}; see {peer.data_dir / 'log.txt'}")
-        if path.exists() and path.read_text().strip():
-            return path.read_text().split()[0]
+        if not peer.alive():
+            raise SwarmError(f"peer {peer.index} exited with {peer.process.returncode}; see {peer.data_dir / LOG_FILE}")
+        if (address := peer.address()) is not None:
+            return address
         time.sleep(0.1)
     raise SwarmError(f"peer {peer.index} published no address within {timeout:g}s")
 
@@ -197,7 +259,14 @@ def start_swarm(root: Path, slowdowns: list[float], extra: list[str], *, fork: b
     return peers
 
 
-def stop_processes(processes: list[subprocess.Popen] | list[ForkedProcess], timeout: float = 15.0) -> list[int | None]:
+def kill_peer(peer: Peer, timeout: float = 10.0) -> int | None:
+    """SIGKILL the peer by PID (a crash, not a goodbye) and reap it; return its exit code."""
+    if peer.alive():
+        os.kill(peer.process.pid, signal.SIGKILL)
+    return peer.process.wait(timeout=timeout)
+
+
+def stop_processes(processes: Sequence[subprocess.Popen | ForkedProcess], timeout: float = 15.0) -> list[int | None]:
     """SIGTERM every process by PID, wait up to `timeout` in all, SIGKILL stragglers; return exit codes."""
     for process in processes:
         if process.poll() is None:
@@ -212,6 +281,6 @@ def stop_processes(processes: list[subprocess.Popen] | list[ForkedProcess], time
     return [process.returncode for process in processes]
 
 
-def stop_swarm(peers: list[Peer], timeout: float = 15.0) -> list[int | None]:
+def stop_swarm(peers: Sequence[Peer], timeout: float = 15.0) -> list[int | None]:
     """Stop every peer (see `stop_processes`); return their exit codes."""
     return stop_processes([peer.process for peer in peers], timeout)

@@ -86,7 +86,7 @@ def test_a_task_with_a_fixed_budget_reads_every_method_there_not_where_sync_equa
 def test_swarm_peers_are_started_with_one_torch_thread_each(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Stand-in processes that record what `murmur run` would be told, and have already exited:
     # the run stops at once, and murmur's own parser reads the recorded command lines.
-    from lab import bench
+    from lab import bench, swarm
     from murmur.node.ops.run import build_run_parser
 
     started: list[list[str]] = []
@@ -94,7 +94,7 @@ def test_swarm_peers_are_started_with_one_torch_thread_each(tmp_path: Path, monk
     class Exited:
         pid, returncode = 0, 1
 
-        def __init__(self, argv: list[str], log_path: Path) -> None:
+        def __init__(self, argv: list[str], log_path: Path, **kwargs: object) -> None:
             started.append(argv)
 
         def poll(self) -> int:
@@ -103,7 +103,7 @@ def test_swarm_peers_are_started_with_one_torch_thread_each(tmp_path: Path, monk
         def wait(self, timeout: float | None = None) -> int:
             return 1
 
-    monkeypatch.setattr(bench, "ForkedPeer", Exited)
+    monkeypatch.setattr(swarm, "ForkedPeer", Exited)
     with pytest.raises(RuntimeError, match="peer 0 exited"):
         bench.run_murmur("digits", [1.0, 2.0], "murmur-work", 3, 5.0, tmp_path / "run", ema_decay=0.5)
     assert [argv[0] for argv in started] == ["run", "run"]

@@ -48,7 +48,7 @@ def test_nated_peers_punch_a_hole_and_exchange_models_directly(tmp_path) -> None
         swarm.wait_until(lambda: swarm.status("a")["hole_punched"] + swarm.status("b")["hole_punched"] >= 1,
                          "status counting the punched hole", 10)
     assert not names & _namespaces()
-    assert all(p.poll() is not None for p in swarm.procs.values())
+    assert not any(p.alive() for p in swarm.peers.values())
 
 
 def test_unpunchable_nat_falls_back_to_the_relay_and_survives_losing_it(tmp_path) -> None:
@@ -74,4 +74,4 @@ def test_unpunchable_nat_falls_back_to_the_relay_and_survives_losing_it(tmp_path
 
         swarm.wait_until(lambda: re_reserved("a") and re_reserved("b"), "two live reservations each again", 60)
         assert _connection(swarm, "a", "b") == "relayed"
-    assert all(p.poll() is not None for p in swarm.procs.values())
+    assert not any(p.alive() for p in swarm.peers.values())
