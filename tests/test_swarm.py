@@ -97,6 +97,25 @@ def test_forked_peer_runs_murmur_in_its_own_session_and_stops_by_pid(tmp_path: P
     assert (tmp_path / "p" / "metrics.jsonl").read_text().strip()  # it trained once told to start
 
 
+@pytest.mark.slow
+def test_a_killed_peer_restarts_from_its_data_dir_with_its_identity_and_its_log(tmp_path: Path) -> None:
+    from lab.swarm import kill_peer, restart_peer, wait_for_address
+
+    extra = ["--task", "digits", "--step-time", "20", "--duration", "60"]
+    peer = start_peer(0, tmp_path, 1.0, extra, None, fork=True)
+    peers = [peer]
+    try:
+        assert peer.peer_id and wait_for_address(peer).endswith(f"/p2p/{peer.peer_id}")  # its ID is known before it listens
+        assert kill_peer(peer) == -9 and not peer.alive()
+        peers.append(again := restart_peer(peer, extra, None, fork=True))
+        assert (again.data_dir, again.peer_id) == (peer.data_dir, peer.peer_id)
+        assert wait_for_address(again).endswith(f"/p2p/{peer.peer_id}")
+    finally:
+        codes = stop_swarm(peers)
+    assert codes == [-9, 0]
+    assert again.log().count("murmur: listening on") == 2  # the first run's log is kept
+
+
 def test_local_swarm_peers_do_not_inherit_murmur_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     from lab.swarm import peer_environment
 
