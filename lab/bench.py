@@ -23,8 +23,8 @@ are ready, through `--start-file`), samples/s and % of ideal, per-peer idle frac
 bytes sent, metric at equal total samples, consensus distance over time. Writes JSON, PNG plots and a
 markdown table to `--out`.
 
-    murmur bench --quick            # ~50 s: digits, headline mix, 1 seed
-    murmur bench                    # default (see DEFAULT below), measured 13.6 min on 2 cores
+    murmur bench --quick            # digits, headline mix, 1 seed
+    murmur bench                    # default (see DEFAULT below; run times in docs/bench.md)
     murmur bench --sweep-lr         # learning-rate sweep of the sync baselines and murmur (separate run)
     murmur bench --link-mbit 20     # slow links (SLOW_LINK): charlm-large, every peer capped at 20 Mbit/s (root)
     murmur bench --link-mbit 100,50,20,10   # the same with one cap per peer, in peer order (SLOW_LINK_UNEVEN)

@@ -46,13 +46,13 @@ def _method_arg(text: str) -> tuple[str, float | None]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="murmur bench", description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="digits, headline mix, one seed (~1 min)")
+    parser.add_argument("--quick", action="store_true", help="digits, headline mix, one seed")
     parser.add_argument("--tasks", default=None, help="comma-separated tasks (default: digits,charlm)")
     parser.add_argument("--mixes", default=None, help=f"comma-separated mixes from {list(MIXES)}")
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds")
     parser.add_argument("--out", type=Path, default=Path("results/bench"))
     parser.add_argument("--sweep-lr", action="store_true",
-                        help=f"run {SWEEP_METHODS} at {SWEEP_FACTORS} times the learning rate each trains at now and print "
+                        help=f"run {SWEEP_METHODS} at {SWEEP_FACTORS} times the learning rate each trains at and print "
                              "the best of each (charlm and digits, headline mix, 3 seeds); with --methods, exactly the points named")
     parser.add_argument("--link-mbit", type=_link_mbit, default=None, metavar="MBIT[,MBIT...]",
                         help="slow links: cap every peer's link at MBIT Mbit/s, or each peer's in peer order (100,50,20,10); "

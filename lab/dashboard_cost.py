@@ -6,7 +6,7 @@ One `murmur run` peer (digits, one torch thread, full speed) per run, three ways
   open    served, and a client polls /api/swarm as the page does (every 1 s, `--every`)
 Also prints the page's weight (the three static files) and the size of one /api/swarm answer.
 
-    python -m lab.dashboard_cost --repeats 3 --duration 8     # ~2 min on 2 cores
+    python -m lab.dashboard_cost --repeats 3 --duration 8
 """
 
 from __future__ import annotations

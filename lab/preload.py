@@ -1,10 +1,10 @@
 """Imported once by the fork server that `lab.swarm.ForkedPeer` peers (and the benchmark's sync ranks) fork from.
 
-It loads torch, libp2p, the node and its tasks (each process would otherwise spend ~5 s
-of a 2-core machine importing them, the torch._dynamo that creating an optimizer
-imports included), then freezes everything loaded out of the garbage collector: forked
-children would otherwise rescan the whole inherited heap at every full collection
-(measured: a 4-rank sync baseline ran 10-13 % slower).
+It loads torch, libp2p, the node and its tasks (each process would otherwise spend seconds
+importing them, the torch._dynamo that creating an optimizer imports included), then
+freezes everything loaded out of the garbage collector: forked children would otherwise
+rescan the whole inherited heap at every full collection, which slows training
+(docs/lab-calibration.md).
 """
 
 import gc

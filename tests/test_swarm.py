@@ -45,7 +45,7 @@ def _wait_until_learned(peers: list, merged_at_least: int, known: int | None = N
 
 @pytest.mark.slow
 def test_swarm_of_processes_learns_and_its_peers_leave_gracefully(tmp_path: Path) -> None:
-    # One swarm for what three swarms used to show: it learns through peer exchange; a peer stopped by SIGTERM
+    # One swarm shows it all: it learns through peer exchange; a peer stopped by SIGTERM
     # checkpoints and says goodbye, so its neighbours drop it at once (the liveness timeout is long: they can
     # only be this fast because it said so); SIGINT stops a peer with status 0 too; the rest stop cleanly.
     extra = ["--task", "digits", "--step-time", "20", "--duration", "120", "--liveness-timeout", "120"]

@@ -104,7 +104,7 @@ def test_proportional_mode_stops_at_target(proportional_run: dict[str, Any], equ
     assert r["time_to_target"] == r["curve"][-1]["t"]  # stopped at the first evaluation that met it
     assert r["wall_s"] < DURATION
     # batches proportional to speed even out the step (~13 ms each): the fast rank
-    # no longer waits half of every step as it does in equal mode
+    # does not wait half of every step as it does in equal mode
     assert max(p["idle_fraction"] for p in r["peers"]) < equal_run["peers"][0]["idle_fraction"]
 
 

@@ -8,8 +8,8 @@ peers) and consensus distance (of all peers) on a simulated-time grid. `alone` (
 averaging: the reference) runs at the smallest size only, since its peers never
 interact. Writes `results.json`, PNG plots and `summary.md` to `--out`.
 
-    python -m lab.simulation.cli                  # 100, 300, 1000 peers (~15-20 min on 2 cores)
-    python -m lab.simulation.cli --quick          # 20 and 50 peers, ~1 min
+    python -m lab.simulation.cli                  # 100, 300, 1000 peers
+    python -m lab.simulation.cli --quick          # 20 and 50 peers
     python -m lab.simulation.cli --peers 1000 --topologies gossip,partial
 """
 
