@@ -10,6 +10,9 @@ from typing import Any
 
 from lab.simulation.network import NetworkModel
 from murmur.node.learn.tasks import Task, load_task
+from murmur.node.learn.tasks.task import Metric
+
+ACCURACY = Metric("accuracy", higher_is_better=True)  # the simulator's metric (see `accuracy_task`)
 
 TOPOLOGIES = ("gossip", "partial", "ring", "allreduce", "alone")
 
@@ -87,9 +90,9 @@ class SimResult:
         self.accuracy_p10.append(quantile(accuracy, 0.1))
         self.consensus.append(consensus)
         self.live.append(live)
-        if self.time_to_target is None and self.accuracy_median[-1] >= cfg.target:
+        if self.time_to_target is None and ACCURACY.reached(self.accuracy_median[-1], cfg.target):
             self.time_to_target = t
-        if self.time_to_target_p10 is None and self.accuracy_p10[-1] >= cfg.target:
+        if self.time_to_target_p10 is None and ACCURACY.reached(self.accuracy_p10[-1], cfg.target):
             self.time_to_target_p10 = t
         return self.time_to_target_p10 is not None and t >= self.time_to_target_p10 + cfg.linger
 
@@ -109,6 +112,6 @@ def quantile(values: Sequence[float], q: float) -> float:
 def accuracy_task(name: str) -> Task:
     """The task called `name`; raises `ValueError` unless it reports accuracy (the simulator's metric)."""
     task = load_task(name)
-    if task.metric.name != "accuracy":
+    if task.metric != ACCURACY:
         raise ValueError(f"the simulator measures accuracy; task {name!r} reports {task.metric.name!r}")
     return task
