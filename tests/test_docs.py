@@ -13,11 +13,15 @@ from __future__ import annotations
 import ast
 import io
 import re
+import subprocess
+import sys
 import tokenize
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from murmur.node.ops.config import option
 from murmur.node.ops.config_reference import COMMAND, render
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -166,5 +170,19 @@ def test_every_cited_repository_path_exists() -> None:
 
 
 def test_the_configuration_reference_is_generated_from_the_option_fields() -> None:
+    # A fresh interpreter, as the command runs: plugins other tests imported cannot add choices here.
+    generated = subprocess.run([sys.executable, "-m", "murmur.node.ops.config_reference"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout  # fmt: skip
     page = ROOT / "docs" / "configuration.md"
-    assert page.read_text() == render(), f"docs/configuration.md is stale: run `{COMMAND}`"
+    assert page.read_text() == generated, f"docs/configuration.md is stale: run `{COMMAND}`"
+
+
+def test_the_reference_renders_a_later_option_and_the_help_as_table_cells() -> None:
+    @dataclass
+    class Later:
+        made_up_size: int = option(8, "an option added later, <n> | more")
+        hidden: float = 1.0  # not an option: not on the page
+
+    page = render((Later,))
+    assert "| `--made-up-size` | MADE_UP_SIZE | `8` | `MURMUR_MADE_UP_SIZE` | an option added later, \\<n> \\| more |" in page
+    assert "hidden" not in page
