@@ -113,6 +113,32 @@ def citations(root: Path, file: Path) -> list[tuple[int, str, Path]]:
     return cited
 
 
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def missing_anchors(root: Path) -> list[str]:
+    """`file:line → target#anchor` for every Markdown link to a heading that the target page lacks."""
+    missing = []
+    for file in documents(root):
+        if file.suffix != ".md":
+            continue
+        for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+            for target in _LINK.findall(line):
+                if "#" not in target or re.match(r"[a-z]+:", target):
+                    continue
+                page, anchor = target.split("#", 1)
+                path = (file.parent / page).resolve() if page else file
+                if path.suffix != ".md" or not path.is_file():
+                    continue
+                headings = re.findall(r"^#+ (.+)$", path.read_text(encoding="utf-8"), re.MULTILINE)
+                if anchor not in {_slug(h) for h in headings}:
+                    missing.append(f"{file.relative_to(root)}:{number} → {target}")
+    return missing
+
+
 def missing_paths(root: Path) -> list[str]:
     """`file:line → path` for every cited path that does not exist under `root`."""
     missing: list[str] = []
@@ -153,6 +179,13 @@ def test_the_checker_finds_a_missing_path_and_accepts_real_ones(tmp_path: Path) 
     ])  # fmt: skip
 
 
+def test_the_checker_finds_a_missing_anchor(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("# Page\n\n## Simulation: 100 to 1,000 peers\n\n[x](#page) [y](#gone)\n")
+    (tmp_path / "README.md").write_text("[s](docs/a.md#simulation-100-to-1000-peers) [t](docs/a.md#old-name)\n")
+    assert sorted(missing_anchors(tmp_path)) == ["README.md:1 → docs/a.md#old-name", "docs/a.md:5 → #gone"]
+
+
 def test_path_tokens() -> None:
     assert _paths_in("see `node/net/host.py:42`, tests/test_x.py::test_y and pyproject.toml.") == [
         "node/net/host.py", "tests/test_x.py", "pyproject.toml"]  # fmt: skip
@@ -167,6 +200,11 @@ def test_path_tokens() -> None:
 def test_every_cited_repository_path_exists() -> None:
     missing = missing_paths(ROOT)
     assert not missing, "cited paths that do not exist:\n" + "\n".join(missing)
+
+
+def test_every_link_to_a_heading_finds_it() -> None:
+    missing = missing_anchors(ROOT)
+    assert not missing, "links to headings that do not exist:\n" + "\n".join(missing)
 
 
 def test_the_configuration_reference_is_generated_from_the_option_fields() -> None:
