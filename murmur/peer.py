@@ -57,7 +57,7 @@ STOP_TIMEOUT_S = 30.0  # the node's own goodbye (3 s) and checkpoint fit well wi
 
 
 class PeerClosed(RuntimeError):
-    """The peer was closed (or its node stopped on an error, given as the cause): it takes no more steps."""
+    """This `murmur.Peer` was closed (or its node stopped on an error, given as the cause): it takes no more steps."""
 
 
 def _default(name: str) -> Any:

@@ -11,14 +11,16 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from status_example import example_status
 
+from murmur.node.ops.node_status import NodeStatus
 from murmur.node.ops.status import STATUS_FILE, StatusUnavailable, load_status, main, unhealthy_reason
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _status(t: float, interval: float = 1.0, pid: int = 4242) -> dict:
-    return {"t": t, "status_interval": interval, "pid": pid, "peer_id": "12D3KooWexample"}
+def _status(t: float, interval: float = 1.0, pid: int = 4242) -> NodeStatus:
+    return example_status(t=t, status_interval=interval, pid=pid)
 
 
 def test_health_needs_a_fresh_status_and_a_live_process() -> None:
