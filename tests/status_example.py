@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from murmur.node.averaging.outcome import Outcome, Result
-from murmur.node.ops.node_status import Network, NodeStatus
+from murmur.node.ops.node_status import NetworkStatus, NodeStatus
 
 EXAMPLE = NodeStatus(
     peer_id="12D3KooWself", addrs=("/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWself",), task="digits", device="cpu",
@@ -17,7 +17,7 @@ EXAMPLE = NodeStatus(
     mean_exchange_s=0.01, bytes_sent=4096, known_peers=2, peers=("peerA", "peerB"), compute_fraction=0.75,
     eval_fraction=0.05, pid=4242, status_interval=1.0, bytes_in=1000, bytes_out=2000, partner_distance=1.5,
     metrics_url=None, dashboard_url=None,
-    network=Network("private", "dial-backs failed", {"peerA": "direct", "peerB": "relayed"}, {"peerB": "relay"},
+    network=NetworkStatus("private", "dial-backs failed", {"peerA": "direct", "peerB": "relayed"}, {"peerB": "relay"},
                     ("/ip4/1.2.3.4/tcp/4001/p2p/relay/p2p-circuit/p2p/12D3KooWself",), 1, 0),
 )  # fmt: skip
 

@@ -17,7 +17,7 @@ from murmur.node.net.identity import load_or_create_identity
 from murmur.node.net.membership import PEERS_PROTOCOL
 from murmur.node.ops.metrics import NodeMetrics, Traffic
 from murmur.node.ops.node import Node, NodeConfig, build_node
-from murmur.node.ops.node_status import Network, NodeStatus
+from murmur.node.ops.node_status import NetworkStatus, NodeStatus
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 
@@ -48,7 +48,7 @@ def _shows_trained_peer(swarm: dict) -> bool:
 
 def _status(samples: int, exchanges: dict[Result, int], distance: float | None = None) -> NodeStatus:
     return example_status(samples=samples, samples_per_s=10.0, eval={"accuracy": 0.9}, exchanges=exchanges, work=float(samples),
-                          partner_distance=distance, network=Network())  # fmt: skip
+                          partner_distance=distance, network=NetworkStatus())  # fmt: skip
 
 
 def test_counters_follow_the_node_totals_and_durations_are_observed_once() -> None:
@@ -133,7 +133,7 @@ async def test_two_libp2p_nodes_serve_metrics_that_move_and_stop_with_the_node(t
 
 def test_reachability_connections_and_relayed_bytes() -> None:
     metrics = NodeMetrics("peer-a", "digits")
-    network = Network("private", connections={"b": "direct", "c": "relayed", "d": "direct"}, relayed_bytes=1000)
+    network = NetworkStatus("private", connections={"b": "direct", "c": "relayed", "d": "direct"}, relayed_bytes=1000)
     metrics.update(dataclasses.replace(_status(1, {}), network=network), [], Traffic())
     metrics.update(dataclasses.replace(_status(1, {}), network=dataclasses.replace(network, relayed_bytes=1500)), [], Traffic())
     got = _samples(generate_latest(metrics.registry).decode())

@@ -10,7 +10,7 @@ import pytest
 from status_example import EXAMPLE, example_status
 
 from murmur.node.averaging.outcome import Result
-from murmur.node.ops.node_status import Network, NodeStatus, NotAStatus
+from murmur.node.ops.node_status import NetworkStatus, NodeStatus, NotAStatus
 
 # Keys that `murmur status`, its --health check, the lab and scripts read from status.json.
 INTERFACE_KEYS = {
@@ -58,9 +58,9 @@ def test_work_is_read_from_weight_when_work_is_absent() -> None:
 
 def test_a_transport_without_nat_traversal_reports_the_default_network() -> None:
     doc = json.loads(EXAMPLE.to_json())
-    for key in (f.name for f in dataclasses.fields(Network)):
+    for key in (f.name for f in dataclasses.fields(NetworkStatus)):
         del doc[key]
-    assert NodeStatus.from_json(json.dumps(doc)).network == Network()
+    assert NodeStatus.from_json(json.dumps(doc)).network == NetworkStatus()
 
 
 def _without(key: str) -> str:

@@ -48,7 +48,7 @@ from murmur.node.ops.dashboard import (
     swarm_view,
 )
 from murmur.node.ops.metrics import CountingTransport, NodeMetrics, Traffic
-from murmur.node.ops.node_status import Network, NodeStatus
+from murmur.node.ops.node_status import NetworkStatus, NodeStatus
 from murmur.node.ops.status import STATUS_FILE
 from murmur.protocol.messages import PeerSummary
 
@@ -81,7 +81,7 @@ class Node:
         """
         self.config = config
         self._listen_addresses = listen_addresses or transport.addresses
-        self._network_info = network_info or dict  # no NAT traversal: `Network`'s defaults
+        self._network_info = network_info or dict  # no NAT traversal: `NetworkStatus`'s defaults
         self.traffic = Traffic()
         transport = CountingTransport(transport, self.traffic)  # counts every protocol's bytes, for metrics
         self.transport = transport
@@ -286,7 +286,7 @@ class Node:
             pid=os.getpid(), status_interval=STATUS_INTERVAL,
             bytes_in=sum(self.traffic.received.values()), bytes_out=sum(self.traffic.sent.values()),
             partner_distance=self.averager.last_partner_distance, metrics_url=self.metrics_url,
-            dashboard_url=self.dashboard_url, network=Network(**self._network_info()),
+            dashboard_url=self.dashboard_url, network=NetworkStatus(**self._network_info()),
         )  # fmt: skip
 
     def summary(self) -> PeerSummary:

@@ -27,7 +27,7 @@ class NotAStatus(ValueError):
 
 
 @dataclass(frozen=True)
-class Network:
+class NetworkStatus:
     """How the node is reached: AutoNAT's verdict and the kind of each connection (libp2p transports).
 
     The defaults are what a transport without NAT traversal reports.
@@ -76,7 +76,7 @@ class NodeStatus:
     partner_distance: float | None
     metrics_url: str | None
     dashboard_url: str | None
-    network: Network = field(default_factory=Network)
+    network: NetworkStatus = field(default_factory=NetworkStatus)
 
     def to_dict(self) -> dict[str, Any]:
         """The status.json document as a dict (`to_json`'s content); floats may be NaN."""
@@ -104,7 +104,7 @@ class NodeStatus:
             raise NotAStatus(f"not a Murmur status file: a JSON {type(doc).__name__}, not an object")
         if "work" not in doc and "weight" in doc:
             doc = {**doc, "work": doc["weight"]}
-        return dataclasses.replace(_read(cls, doc, skip=("network",)), network=_read(Network, doc))
+        return dataclasses.replace(_read(cls, doc, skip=("network",)), network=_read(NetworkStatus, doc))
 
 
 def _plain(value: Any) -> Any:
