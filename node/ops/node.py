@@ -73,7 +73,7 @@ class Node:
         user_loop: Callable[[MergeRule], UserLoopTrainer] | None = None,
     ) -> None:
         """`listen_addresses` gives the real listen addresses when they differ from `transport.addresses()`;
-        `network_info` the transport's reachability and connection kinds for status (`Libp2pTransport.network_info`).
+        `network_info` the transport's reachability and connections for status, as `NetworkStatus` fields (`Libp2pTransport.network_info`).
 
         `user_loop` (from `murmur.Peer`) builds the trainer of a model that the user's own loop steps:
         the node then runs no training loop, and a checkpoint of another model raises `ModelMismatch`
