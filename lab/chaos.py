@@ -32,6 +32,8 @@ from pathlib import Path
 
 from lab.swarm import ONE_THREAD, murmur_command, peer_environment
 from murmur.node.learn.checkpoint import load_latest
+from murmur.node.ops.node_status import NodeStatus, NotAStatus
+from murmur.node.ops.status import STATUS_FILE
 
 EXCHANGE_TIMEOUT = 5.0
 LIVENESS_TIMEOUT = 8.0
@@ -53,11 +55,12 @@ class Proc:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def status(self) -> dict:
+    def status(self) -> NodeStatus | None:
+        """The peer's last status, or None before it writes one."""
         try:
-            return json.loads((self.data_dir / "status.json").read_text())
-        except (OSError, json.JSONDecodeError):
-            return {}
+            return NodeStatus.from_json((self.data_dir / STATUS_FILE).read_text())
+        except (OSError, NotAStatus):
+            return None
 
 
 @dataclass
@@ -124,7 +127,7 @@ def run_swarm(root: Path, peers: int, duration: float, kill_every: float | None,
             for peer_id, when in last_kill.items():
                 if now - when > LIVENESS_TIMEOUT + 4 and peer_id not in live_ids:
                     for p in live:
-                        if peer_id in p.status().get("peers", []) and now - p.started > LIVENESS_TIMEOUT + 4:
+                        if (s := p.status()) and peer_id in s.peers and now - p.started > LIVENESS_TIMEOUT + 4:
                             membership_violations.append(f"{p.peer_id[-8:]} still lists {peer_id[-8:]} {now - when:.0f}s after its death")
             if now >= next_kill and len(live) > 1 and now + 5 < end:  # a replacement needs time to start
                 victim = rng.choice(live)

@@ -7,7 +7,6 @@ Used by `tests/test_nat.py` and `lab/nat_measure.py`. Needs root, iproute2 and i
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import time
@@ -16,6 +15,9 @@ from pathlib import Path
 
 from lab.netns import Netns, Network
 from lab.swarm import ForkedPeer
+from murmur.node.averaging.outcome import Result
+from murmur.node.ops.node_status import NetworkStatus, NodeStatus, NotAStatus
+from murmur.node.ops.status import STATUS_FILE
 
 PORT = 4001
 PUNCH_LINE = re.compile(r"direct connection to (\w+) \(hole punched\)")
@@ -84,12 +86,17 @@ class NatSwarm:
         self.wait_until(lambda: (self.root / name / "addrs.txt").exists(), f"{name} listening", timeout)
         return (self.root / name / "addrs.txt").read_text().split()[0].rsplit("/p2p/", 1)[1]
 
-    def status(self, name: str) -> dict:
-        """The peer's latest status.json, or {} before it writes one."""
+    def status(self, name: str) -> NodeStatus | None:
+        """The peer's latest status.json, or None before it writes one."""
         try:
-            return json.loads((self.root / name / "status.json").read_text())
-        except (OSError, ValueError):
-            return {}
+            return NodeStatus.from_json((self.root / name / STATUS_FILE).read_text())
+        except (OSError, NotAStatus):
+            return None
+
+    def network(self, name: str) -> NetworkStatus:
+        """The peer's network as its status says, or `NetworkStatus()`'s defaults before it writes one."""
+        status = self.status(name)
+        return status.network if status is not None else NetworkStatus()
 
     def log(self, name: str) -> str:
         return (self.root / name / "log.txt").read_text(errors="replace")
@@ -132,7 +139,7 @@ class NatSwarm:
         read = lambda stat: int(self.hosts[name].run("cat", f"/sys/class/net/eth0/statistics/{stat}").stdout)  # noqa: E731
         return read("tx_bytes") + read("rx_bytes")
 
-    def exchanges(self, name: str, partner: str) -> list[tuple[str, str]]:
+    def exchanges(self, name: str, partner: str) -> list[tuple[Result, str]]:
         """(result, path) of each exchange `name` started with `partner`, in order, from its log; path is
         "direct" after the log says the hole was punched, else "relayed"."""
         short = self.peer_id(partner)[-8:]
@@ -141,5 +148,5 @@ class NatSwarm:
             if (m := PUNCH_LINE.search(line)) and m.group(1) == short:
                 path = "direct"
             elif (m := EXCHANGE_LINE.search(line)) and m.group(1) == short:
-                out.append((m.group(2), path))
+                out.append((Result(m.group(2)), path))
         return out

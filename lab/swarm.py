@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from murmur.node.ops.node import METRICS_FILE, STATUS_FILE
+from murmur.node.ops.node_status import NodeStatus, NotAStatus
 
 
 class SwarmError(RuntimeError):
@@ -33,10 +34,11 @@ class Peer:
     data_dir: Path
     process: subprocess.Popen | ForkedPeer
 
-    def status(self) -> dict | None:
+    def status(self) -> NodeStatus | None:
+        """The peer's last status, or None before it writes one."""
         try:
-            return json.loads((self.data_dir / STATUS_FILE).read_text())
-        except (OSError, json.JSONDecodeError):
+            return NodeStatus.from_json((self.data_dir / STATUS_FILE).read_text())
+        except (OSError, NotAStatus):
             return None
 
     def metrics(self) -> list[dict]:
