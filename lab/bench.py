@@ -67,6 +67,7 @@ from lab.sync_baseline import RANK_MODULE, run_sync
 from murmur.node.learn.tasks.task import Metric
 from murmur.node.learn.weight_average import DEFAULT_DECAY
 from murmur.node.ops.node import METRICS_FILE
+from murmur.node.ops.node_status import NodeStatus
 from murmur.node.ops.status import StatusUnavailable, load_status
 
 START_MARGIN_S = 0.3  # from the start file's writing to the start time it holds: every peer reads it in time
@@ -150,18 +151,18 @@ def _wait_until_ready(procs: list[ForkedProcess], dirs: list[Path], others: int,
             if p.poll() is not None:
                 raise RuntimeError(f"peer {i} exited with {p.returncode} before the start; see {dirs[i] / 'log.txt'}")
         statuses = [_status(d) for d in dirs]
-        if all(s.get("phase") == "waiting" and s.get("known_peers", 0) >= others for s in statuses):
+        if all(s is not None and s.phase == "waiting" and s.known_peers >= others for s in statuses):
             return
         time.sleep(0.05)
-    raise RuntimeError(f"peers not ready within {timeout:g}s: {[_status(d).get('phase') for d in dirs]}")
+    raise RuntimeError(f"peers not ready within {timeout:g}s: {[s.phase if (s := _status(d)) else None for d in dirs]}")
 
 
-def _status(data_dir: Path) -> dict:
-    """The peer's last status, or {} while it has written none."""
+def _status(data_dir: Path) -> NodeStatus | None:
+    """The peer's last status, or None while it has written none."""
     try:
         return load_status(data_dir)
     except StatusUnavailable:
-        return {}
+        return None
 
 
 def _records(data_dir: Path) -> list[dict]:
@@ -207,6 +208,15 @@ def _consensus(dirs: list[Path]) -> list[dict]:
     return out
 
 
+def _peer_result(rank: int, slowdown: float, status: NodeStatus | None) -> dict:
+    """One peer's row of a result, from its last status (empty values if it wrote none)."""
+    if status is None:
+        return {"rank": rank, "slowdown": slowdown, "samples_per_s": None, "idle_fraction": 1.0, "bytes_sent": 0, "exchanges": {},
+                "mean_exchange_s": None}  # fmt: skip
+    return {"rank": rank, "slowdown": slowdown, "samples_per_s": status.samples_per_s, "idle_fraction": 1 - status.compute_fraction,
+            "bytes_sent": status.bytes_sent, "exchanges": dict(status.exchanges), "mean_exchange_s": status.mean_exchange_s}  # fmt: skip
+
+
 def _murmur_result(task: str, slowdowns: list[float], method: str, dirs: list[Path], start_at: float, codes: list) -> dict:
     spec = TASKS[task]
     curve = _median_curve(dirs, spec["metric"], start_at, _grid_s(spec))
@@ -217,10 +227,8 @@ def _murmur_result(task: str, slowdowns: list[float], method: str, dirs: list[Pa
         "task": task, "slowdowns": slowdowns, "exit_codes": codes,
         "curve": [{"t": c["t"], "samples": c["samples"], spec["metric"]: c["value"]} for c in curve],
         "time_to_target": ttt,
-        "samples_per_s": sum(s.get("samples_per_s", 0.0) for s in statuses),
-        "peers": [{"rank": i, "slowdown": slowdowns[i], "samples_per_s": s.get("samples_per_s"), "idle_fraction": 1 - s.get("compute_fraction", 0.0),
-                   "bytes_sent": s.get("bytes_sent", 0), "exchanges": s.get("exchanges", {}), "mean_exchange_s": s.get("mean_exchange_s")}
-                  for i, s in enumerate(statuses)],
+        "samples_per_s": sum(s.samples_per_s for s in statuses if s),
+        "peers": [_peer_result(i, slowdowns[i], s) for i, s in enumerate(statuses)],
         "consensus": _consensus(dirs),
     }
 

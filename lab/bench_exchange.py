@@ -37,6 +37,7 @@ import anyio
 import torch
 from torch import nn
 
+from murmur.node.averaging.outcome import Result
 from murmur.protocol.codec import WIRE_DTYPES, TensorSpec, quantize
 
 RAW_PROTOCOL = "/murmur-bench/raw/1.0.0"
@@ -273,8 +274,8 @@ def summarize(initiator: dict, responder: dict, params: int, errors: dict) -> di
         })  # fmt: skip
     table = []
     for dtype in dict.fromkeys(r["dtype"] for r in rows):
-        idle = [r for r in rows if r["dtype"] == dtype and not r["training"] and r["result"] == "merged"]
-        busy = [r for r in rows if r["dtype"] == dtype and r["training"] and r["result"] == "merged"]
+        idle = [r for r in rows if r["dtype"] == dtype and not r["training"] and r["result"] == Result.MERGED]
+        busy = [r for r in rows if r["dtype"] == dtype and r["training"] and r["result"] == Result.MERGED]
         table.append({
             "dtype": dtype, "merged": f"{len(idle) + len(busy)}/{sum(r['dtype'] == dtype for r in rows)}",
             "seconds_idle": _median([r["seconds"] for r in idle]), "mb_per_s_idle": _median([r["mb_per_s"] for r in idle]),

@@ -71,7 +71,7 @@ def _membership_violations(live: list[Peer], kills: list[tuple[float, str]], now
     for peer_id, when in last_kill.items():
         if now - when > LIVENESS_TIMEOUT + GRACE_S and peer_id not in live_ids:
             for p in live:
-                if peer_id in (p.status() or {}).get("peers", []) and now - p.started > LIVENESS_TIMEOUT + GRACE_S:
+                if (s := p.status()) and peer_id in s.peers and now - p.started > LIVENESS_TIMEOUT + GRACE_S:
                     out.append(f"{p.peer_id[-8:]} still lists {peer_id[-8:]} {now - when:.0f}s after its death")
     return out
 

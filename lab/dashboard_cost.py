@@ -46,7 +46,7 @@ def one_run(root: Path, mode: str, duration: float, every: float) -> tuple[float
     try:
         deadline = time.monotonic() + duration + 60
         while mode == "open" and poller is None and time.monotonic() < deadline:
-            url = (peer.status() or {}).get("dashboard_url")
+            url = status.dashboard_url if (status := peer.status()) else None
             if url:
                 poller = threading.Thread(target=_poll, args=(url, every, stop, fetched))
                 poller.start()
@@ -57,7 +57,7 @@ def one_run(root: Path, mode: str, duration: float, every: float) -> tuple[float
         if poller:
             poller.join(timeout=10)
         stop_swarm([peer])
-    return (peer.status() or {}).get("samples_per_s", 0.0), fetched
+    return status.samples_per_s if (status := peer.status()) else 0.0, fetched
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ from rich.live import Live
 from rich.table import Table
 
 from lab.swarm import Peer, start_swarm, stop_swarm
+from murmur.node.averaging.outcome import Result
 from murmur.node.learn.tasks import load_task
 
 STARTUP_S = 10.0
@@ -37,13 +38,13 @@ def peer_table(peers: list[Peer], metric: str) -> Table:
     for col in ("peer", "slow", "samples/s", "loss", metric[:10], "merges", "peers", "idle"):
         table.add_column(col, justify="right", no_wrap=True)
     for peer in peers:
-        s = peer.status() or {}
+        s = peer.status()
         alive = peer.process.poll() is None
-        table.add_row(
-            f"{peer.index}{'' if alive else ' done'}", f"{peer.slowdown:g}x", _fmt(s.get("samples_per_s"), ".0f"),
-            _fmt(s.get("loss"), ".3f"), _fmt(s.get("eval", {}).get(metric), ".3f"), str(s.get("exchanges", {}).get("merged", 0)),
-            str(s.get("known_peers", 0)), _fmt(1 - s["compute_fraction"] if "compute_fraction" in s else None, ".1%"),
-        )
+        cells = ("-", "-", "-", "0", "0", "-") if s is None else (
+            _fmt(s.samples_per_s, ".0f"), _fmt(s.loss, ".3f"), _fmt(s.eval.get(metric), ".3f"),
+            str(s.exchanges.get(Result.MERGED, 0)), str(s.known_peers), _fmt(1 - s.compute_fraction, ".1%"),
+        )  # fmt: skip
+        table.add_row(f"{peer.index}{'' if alive else ' done'}", f"{peer.slowdown:g}x", *cells)
     return table
 
 
@@ -51,9 +52,9 @@ def wait_for_dashboard(peer: Peer, timeout: float = 10.0) -> str | None:
     """The dashboard URL `peer` reports in its status once it serves one, or None after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and peer.process.poll() is None:
-        url = (peer.status() or {}).get("dashboard_url")
-        if url:
-            return url
+        status = peer.status()
+        if status is not None and status.dashboard_url:
+            return status.dashboard_url
         time.sleep(0.2)
     return None
 
@@ -143,14 +144,14 @@ def run_demo(args: argparse.Namespace) -> int:
 def summarize(peers: list[Peer], metric: str, sync: dict | None, codes: list[int | None]) -> dict:
     rows = []
     for peer in peers:
-        s = peer.status() or {}
+        s = peer.status()
         m = peer.metrics()
         rows.append({
             "peer": peer.index, "slowdown": peer.slowdown, "exit_code": codes[peer.index],
-            "samples_per_s": s.get("samples_per_s", 0.0), "exchanges": s.get("exchanges", {}).get("merged", 0),
-            "mean_exchange_s": s.get("mean_exchange_s"), "final": m[-1][metric] if m else None,
-            "idle_fraction": 1 - s.get("compute_fraction", 0.0), "bytes_sent": s.get("bytes_sent", 0),
-        })
+            "samples_per_s": s.samples_per_s if s else 0.0, "exchanges": s.exchanges.get(Result.MERGED, 0) if s else 0,
+            "mean_exchange_s": s.mean_exchange_s if s else None, "final": m[-1][metric] if m else None,
+            "idle_fraction": 1 - s.compute_fraction if s else 1.0, "bytes_sent": s.bytes_sent if s else 0,
+        })  # fmt: skip
     finals = [r["final"] for r in rows if r["final"] is not None]
     sync_final = sync["curve"][-1].get(metric) if sync and sync.get("curve") else None
     return {

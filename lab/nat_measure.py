@@ -19,23 +19,24 @@ from pathlib import Path
 
 from lab.natswarm import NatSwarm
 from lab.netns import netns_unavailable_reason
+from murmur.node.averaging.outcome import Result
 
 
 def kill_the_relay(swarm: NatSwarm) -> dict:
     """Kill the relay carrying a-b; time the next merged a-b exchange and the return to two reservations."""
     b_id = swarm.peer_id("b")
-    victim_id = swarm.status("a").get("relayed_via", {}).get(b_id)
+    victim_id = swarm.network("a").relayed_via.get(b_id)
     if not victim_id:
         return {"relay_kill": "a and b are not relayed"}
     victim = next(name for name in swarm.public if swarm.peer_id(name) == victim_id)
     before = len(swarm.exchanges("a", "b"))
     killed_at = time.monotonic() - swarm.started
     swarm.kill(victim)
-    merged = swarm.wait_until(lambda: any(r == "merged" for r, _ in swarm.exchanges("a", "b")[before:]), "an exchange", 90)
-    lost = [r for r, _ in swarm.exchanges("a", "b")[before:]].index("merged")
+    merged = swarm.wait_until(lambda: any(r == Result.MERGED for r, _ in swarm.exchanges("a", "b")[before:]), "an exchange", 90)
+    lost = [r for r, _ in swarm.exchanges("a", "b")[before:]].index(Result.MERGED)
 
     def re_reserved(name: str) -> bool:
-        relays = swarm.status(name).get("relays", [])
+        relays = swarm.network(name).relays
         return len(relays) == 2 and not any(victim_id in r for r in relays)
 
     again = swarm.wait_until(lambda: re_reserved("a") and re_reserved("b"), "two reservations", 90)
@@ -49,17 +50,17 @@ def measure(root: Path, unpunchable: bool, seconds: float) -> dict:
         samples = []  # (t, bytes forwarded by both relays, a-b connection kind)
         t_private = t_direct = None
         while time.monotonic() - swarm.started < seconds:
-            a = swarm.status("a")
-            relayed = sum(swarm.status(n).get("relayed_bytes", 0) for n in swarm.public)
-            kind = a.get("connections", {}).get(b_id)
+            a = swarm.network("a")
+            relayed = sum(swarm.network(n).relayed_bytes for n in swarm.public)
+            kind = a.connections.get(b_id)
             t = time.monotonic() - swarm.started
             samples.append((t, relayed, kind))
-            if t_private is None and a.get("reachability") == "private" == swarm.status("b").get("reachability"):
+            if t_private is None and a.reachability == "private" == swarm.network("b").reachability:
                 t_private = t
             if t_direct is None and kind == "direct":
                 t_direct = t
             time.sleep(0.5)
-        exchanges = [r for r in swarm.exchanges("a", "b") + swarm.exchanges("b", "a") if r[0] == "merged"]
+        exchanges = [r for r in swarm.exchanges("a", "b") + swarm.exchanges("b", "a") if r[0] == Result.MERGED]
         killed = kill_the_relay(swarm) if unpunchable else {}
     first_circuit = next((t for t, _, kind in samples if kind is not None), None)
     end_t, end_bytes = samples[-1][0], samples[-1][1]

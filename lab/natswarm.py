@@ -15,6 +15,8 @@ from pathlib import Path
 
 from lab.netns import Netns, Network
 from lab.swarm import Peer, kill_peer, start_peer
+from murmur.node.averaging.outcome import Result
+from murmur.node.ops.node_status import NetworkStatus, NodeStatus
 
 PORT = 4001
 PUNCH_LINE = re.compile(r"direct connection to (\w+) \(hole punched\)")
@@ -82,9 +84,14 @@ class NatSwarm:
         self.wait_until(lambda: self.peers[name].address() is not None, f"{name} listening", timeout)
         return self.peers[name].peer_id
 
-    def status(self, name: str) -> dict:
-        """The peer's latest status, or {} before it writes one."""
-        return self.peers[name].status() or {}
+    def status(self, name: str) -> NodeStatus | None:
+        """The peer's latest status, or None before it writes one."""
+        return self.peers[name].status()
+
+    def network(self, name: str) -> NetworkStatus:
+        """The peer's network as its status says, or `NetworkStatus()`'s defaults before it writes one."""
+        status = self.status(name)
+        return status.network if status is not None else NetworkStatus()
 
     def log(self, name: str) -> str:
         return self.peers[name].log()
@@ -126,7 +133,7 @@ class NatSwarm:
         read = lambda stat: int(self.hosts[name].run("cat", f"/sys/class/net/eth0/statistics/{stat}").stdout)  # noqa: E731
         return read("tx_bytes") + read("rx_bytes")
 
-    def exchanges(self, name: str, partner: str) -> list[tuple[str, str]]:
+    def exchanges(self, name: str, partner: str) -> list[tuple[Result, str]]:
         """(result, path) of each exchange `name` started with `partner`, in order, from its log; path is
         "direct" after the log says the hole was punched, else "relayed"."""
         short = self.peer_id(partner)[-8:]
@@ -135,5 +142,5 @@ class NatSwarm:
             if (m := PUNCH_LINE.search(line)) and m.group(1) == short:
                 path = "direct"
             elif (m := EXCHANGE_LINE.search(line)) and m.group(1) == short:
-                out.append((m.group(2), path))
+                out.append((Result(m.group(2)), path))
         return out

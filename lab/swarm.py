@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from murmur.node.ops.node import METRICS_FILE, STATUS_FILE
+from murmur.node.ops.node_status import NodeStatus, NotAStatus
 
 if TYPE_CHECKING:
     from lab.netns import Netns
@@ -166,11 +167,11 @@ class Peer:
             return None
         return lines[0] if lines else None
 
-    def status(self) -> dict | None:
-        """The peer's latest status file, or None before it writes one."""
+    def status(self) -> NodeStatus | None:
+        """The peer's latest status, or None before it writes one."""
         try:
-            return json.loads((self.data_dir / STATUS_FILE).read_text())
-        except (OSError, json.JSONDecodeError):
+            return NodeStatus.from_json((self.data_dir / STATUS_FILE).read_text())
+        except (OSError, NotAStatus):
             return None
 
     def metrics(self) -> list[dict]:

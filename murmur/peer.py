@@ -18,7 +18,6 @@ import argparse
 import dataclasses
 import difflib
 import inspect
-import json
 import logging
 import threading
 from pathlib import Path
@@ -30,6 +29,7 @@ import anyio.lowlevel
 import torch
 from torch import nn
 
+from murmur.node.averaging.outcome import Result
 from murmur.node.averaging.state_sync import StateSyncRefused
 from murmur.node.learn.device import DeviceError, check_mixed_precision, resolve_device
 from murmur.node.learn.tasks import BUILTIN_TASKS, load_task
@@ -44,6 +44,7 @@ from murmur.node.learn.user_loop import (
 from murmur.node.net.identity import load_or_create_identity
 from murmur.node.ops.config import NodeConfig
 from murmur.node.ops.node import Node, build_node
+from murmur.node.ops.node_status import NodeStatus
 from murmur.node.ops.status import STATUS_FILE
 
 log = logging.getLogger("murmur.peer")
@@ -56,7 +57,7 @@ STOP_TIMEOUT_S = 30.0  # the node's own goodbye (3 s) and checkpoint fit well wi
 
 
 class PeerClosed(RuntimeError):
-    """The peer was closed (or its node stopped on an error, given as the cause): it takes no more steps."""
+    """This `murmur.Peer` was closed (or its node stopped on an error, given as the cause): it takes no more steps."""
 
 
 def _default(name: str) -> Any:
@@ -155,7 +156,7 @@ class Peer:
         if mismatches and "ok" not in results:
             return mismatches[0].removeprefix("refused: ")
         outcome = self.node.sync_outcome
-        if outcome is not None and outcome.result == "failed" and outcome.reason.startswith(StateSyncRefused.__name__):
+        if outcome is not None and outcome.result == Result.FAILED and outcome.reason.startswith(StateSyncRefused.__name__):
             return outcome.reason
         return None
 
@@ -227,14 +228,14 @@ class Peer:
         self.node.stats.steps += 1
         self._gate.serve()
 
-    def status(self) -> dict:
-        """The same dict `murmur run` writes to status.json: as of now, or the final one once closed."""
+    def status(self) -> dict[str, Any]:
+        """What `murmur run` writes to status.json, as a dict: as of now, or the final one once closed."""
         if not self._closed and self._thread.is_alive() and self._token is not None:
             try:
-                return anyio.from_thread.run_sync(self.node.status, token=self._token)
+                return anyio.from_thread.run_sync(self.node.status, token=self._token).to_dict()
             except anyio.RunFinishedError:
                 pass
-        return json.loads((self.config.data_dir / STATUS_FILE).read_text())  # written as the node stopped
+        return NodeStatus.from_json((self.config.data_dir / STATUS_FILE).read_text()).to_dict()  # written as the node stopped
 
     def close(self) -> None:
         """Stop the node: apply what is queued, say goodbye, checkpoint, write the final status. Idempotent."""

@@ -30,8 +30,11 @@ class ProtocolViolation(RemoteProtocolError):
     """A well-formed message arrived where the state machine does not allow it."""
 
 
-class PeerClosed(RemoteProtocolError):
-    """The peer closed its side before the conversation finished."""
+class StreamClosed(RemoteProtocolError):
+    """The remote side closed the stream before the conversation finished.
+
+    Not `murmur.PeerClosed`, which an API user gets from a `murmur.Peer` that was closed.
+    """
 
 
 class TensorMismatch(RemoteProtocolError):

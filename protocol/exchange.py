@@ -26,7 +26,7 @@ import enum
 from dataclasses import dataclass
 from typing import Final
 
-from murmur.protocol.errors import FrameTooLarge, LocalProtocolError, PeerClosed, ProtocolViolation
+from murmur.protocol.errors import FrameTooLarge, LocalProtocolError, ProtocolViolation, StreamClosed
 from murmur.protocol.messages import (
     FRAME_HEADER,
     MAX_CHUNK_BYTES,
@@ -155,7 +155,7 @@ class Exchange:
 
         Raises `FrameTooLarge` as soon as a header announces an oversized frame,
         `MalformedMessage` for an undecodable body, `ProtocolViolation` for a message
-        not allowed now, and `PeerClosed` if the peer closed mid-conversation.
+        not allowed now, and `StreamClosed` if the peer closed mid-conversation.
         """
         if len(self._buffer) < FRAME_HEADER.size:
             return self._need_data()
@@ -176,7 +176,7 @@ class Exchange:
 
     def _need_data(self) -> _NeedData:
         if self._eof:
-            raise PeerClosed(f"{self.flow.name}: peer closed the stream in state {self.state!r}")
+            raise StreamClosed(f"{self.flow.name}: peer closed the stream in state {self.state!r}")
         return NEED_DATA
 
     def _advance(self, message: Message, sender: Role, error: type[Exception]) -> None:

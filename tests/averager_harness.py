@@ -13,6 +13,7 @@ import torch
 
 from murmur.node.averaging.averager import Averager
 from murmur.node.averaging.factory import build_averager
+from murmur.node.averaging.outcome import Result
 from murmur.node.learn.rules import MergeRule
 from murmur.node.learn.runtime import Runtime
 from murmur.node.learn.tasks import DigitsTask
@@ -97,7 +98,7 @@ def assert_state_close(a: dict, b: dict) -> None:
         torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6)
 
 
-def last(peer: Peer) -> tuple[str, str]:
+def last(peer: Peer) -> tuple[Result, str]:
     outcome = peer.averager.recent[-1]
     return outcome.result, outcome.reason
 

@@ -48,7 +48,7 @@ def test_honest_peers_keep_learning_and_ban_the_attacker(attack: str, baseline: 
     accuracy = final_accuracy(honest)
     print(f"attack {attack}: honest median accuracy {accuracy:.4f} vs {baseline:.4f} without the attacker")
     assert accuracy >= baseline - 0.01, (accuracy, baseline)
-    attacker_id = attacker.status()["peer_id"]
+    attacker_id = attacker.status().peer_id
     bans = [p.data_dir / "bans.json" for p in honest]
     banned_by = [b for b in bans if b.exists() and attacker_id in json.loads(b.read_text())]
     # Once most peers ban it, the attacker rarely reaches the rest within the run.

@@ -63,11 +63,14 @@ async def test_a_discovered_relay_that_stops_answering_is_dropped() -> None:
 async def test_only_acceptable_peers_are_taken_as_relays() -> None:
     relay = Libp2pTransport(create_new_key_pair(), relay_service=True)
     node = Libp2pTransport(create_new_key_pair(), nat_traversal=True, auto_relay=True)
-    node.finder.acceptable = lambda peer: peer != relay.peer_id  # say, not on the allow-list
     async with relay.run(LOOPBACK), node.run(LOOPBACK):
         _say(node, PRIVATE)
         await node.host.connect(PeerInfo(relay.host.get_id(), relay.host.get_transport_addrs()))
-        await anyio.sleep(1.0)  # identify has told the node that this peer relays
-        assert await node.finder.step() == 0
-        node.finder.acceptable = lambda peer: True
+        with anyio.fail_after(10):  # until identify has told the node that this peer relays
+            while not node.finder.relay_candidates():
+                await anyio.sleep(0.05)
         assert node.finder.relay_candidates() == [f"{relay.host.get_transport_addrs()[0]}/p2p/{relay.peer_id}"]
+        node.finder.acceptable = lambda peer: peer != relay.peer_id  # say, not on the allow-list
+        assert node.finder.relay_candidates() == []
+        assert await node.finder.step() == 0
+        assert node.relay.relay_ids() == set()

@@ -17,6 +17,7 @@ import torch
 import trio.testing
 from averager_harness import BATCH, assert_state_close, last, make_peer, peers, running, settled
 
+from murmur.node.averaging.outcome import Result
 from murmur.node.learn.rules import OuterRule, WorkRule
 from murmur.node.net.transport import (
     READ_CHUNK,
@@ -44,14 +45,14 @@ async def test_exchange_merges_both_sides_to_the_work_weighted_mean() -> None:
         sa, sb = a.trainer.snapshot(), b.trainer.snapshot()
         outcome = await a.averager.exchange_with(b.id, b.transport.addresses())
         await settled(a, b)
-        assert (outcome.result, outcome.reason) == ("merged", "work: partner holds 25% of the pair's work")
-        assert last(b) == ("merged", "work: partner holds 75% of the pair's work")
+        assert (outcome.result, outcome.reason) == (Result.MERGED, "work: partner holds 25% of the pair's work")
+        assert last(b) == (Result.MERGED, "work: partner holds 75% of the pair's work")
         assert outcome.remote_share == pytest.approx(0.25) and outcome.bytes_sent == a.trainer.spec.wire_size("float32")
         expected = {n: (sa.weight * sa.state[n] + sb.weight * sb.state[n]) / (sa.weight + sb.weight) for n in sa.state}
         assert_state_close(a.state(), expected)
         assert_state_close(b.state(), expected)
         assert a.trainer.weight == b.trainer.weight == (sa.weight + sb.weight) / 2
-        assert a.averager.outcomes["merged"] == b.averager.outcomes["merged"] == 1
+        assert a.averager.outcomes[Result.MERGED] == b.averager.outcomes[Result.MERGED] == 1
 
 
 async def test_a_peer_initiates_only_with_work_since_its_last_merge_and_both_sides_record_the_exchange() -> None:
@@ -66,7 +67,7 @@ async def test_a_peer_initiates_only_with_work_since_its_last_merge_and_both_sid
             a.steps(1)
             await anyio.sleep(5.0)
             tg.cancel_scope.cancel()
-        assert a.averager.outcomes == b.averager.outcomes == {"merged": 1}  # then nothing new again
+        assert a.averager.outcomes == b.averager.outcomes == {Result.MERGED: 1}  # then nothing new again
         assert a.averager.table.members[b.id].exchanges == b.averager.table.members[a.id].exchanges == 1
 
 
@@ -81,7 +82,7 @@ async def test_a_peer_waits_so_that_its_exchanges_take_at_most_their_share_of_wa
             assert not a.averager.outcomes
             await anyio.sleep(4.02)
             tg.cancel_scope.cancel()
-        assert a.averager.outcomes == {"merged": 1}
+        assert a.averager.outcomes == {Result.MERGED: 1}
 
 
 async def test_exchanges_before_anyone_trained_do_not_stop_later_merges() -> None:
@@ -95,7 +96,7 @@ async def test_exchanges_before_anyone_trained_do_not_stop_later_merges() -> Non
         b.steps(2)
         outcome = await a.averager.exchange_with(b.id, b.transport.addresses())
         await settled(a, b)
-        assert outcome.result == "merged" and outcome.remote_share == pytest.approx(0.5)
+        assert outcome.result == Result.MERGED and outcome.remote_share == pytest.approx(0.5)
         assert_state_close(a.state(), b.state())  # both moved to the mean
 
 
@@ -113,7 +114,7 @@ async def test_lossy_wire_dtypes_move_both_sides_by_the_difference_of_their_quan
         qa, qb = a.trainer.snapshot(wire_dtype).state, b.trainer.snapshot(wire_dtype).state
         outcome = await a.averager.exchange_with(b.id, b.transport.addresses())
         await settled(a, b)
-        assert outcome.result == "merged", outcome.reason
+        assert outcome.result == Result.MERGED, outcome.reason
         assert outcome.bytes_sent == a.trainer.spec.wire_size(wire_dtype) < a.trainer.spec.wire_size("float32")
         wa, wb = exact_a.weight, exact_b.weight
         share = wb / (wa + wb)
@@ -169,7 +170,7 @@ async def test_steps_taken_while_an_exchange_is_in_flight_are_kept() -> None:
         sa, sb = a.trainer.snapshot(), b.trainer.snapshot()
         outcome = await a.averager.exchange_with(b.id, b.transport.addresses())
         await settled(a, b)
-    assert outcome.result == "merged" and outcome.remote_share == 0.5 and len(progressed) == 1
+    assert outcome.result == Result.MERGED and outcome.remote_share == 0.5 and len(progressed) == 1
     merged = {n: (sa.state[n] + sb.state[n]) / 2 for n in sa.state}
     assert_state_close(b.state(), merged)
     # a adds the merge's change to the model it has now: its extra step survives the merge.
@@ -187,8 +188,8 @@ async def test_a_newcomer_adopts_its_partners_model_without_screening_it() -> No
         before = veteran.state()
         outcome = await veteran.averager.exchange_with(newcomer.id, newcomer.transport.addresses())
         await settled(veteran, newcomer)
-        assert (outcome.result, outcome.reason) == ("merged", "partner has no work yet: keep the local model")
-        assert last(newcomer) == ("merged", "local model has no work yet: adopt the partner's")
+        assert (outcome.result, outcome.reason) == (Result.MERGED, "partner has no work yet: keep the local model")
+        assert last(newcomer) == (Result.MERGED, "local model has no work yet: adopt the partner's")
         assert_state_close(newcomer.state(), before)
         assert_state_close(veteran.state(), before)
         assert not newcomer.averager.screening.history  # nothing was screened
@@ -235,7 +236,7 @@ async def test_a_partner_that_states_no_fresh_work_leaves_the_outer_rule_to_the_
         outcome = await outer.averager.exchange_with(work.id, work.transport.addresses())
         await settled(outer, work)
         assert (outcome.reason, outcome.remote_share) == ("outer step toward the work: partner holds 25% of the pair's work", 0.25)
-        assert last(work) == ("merged", "work: partner holds 75% of the pair's work")
+        assert last(work) == (Result.MERGED, "work: partner holds 75% of the pair's work")
 
 
 async def test_a_fresh_work_claim_is_capped_at_the_credited_weight() -> None:

@@ -15,6 +15,7 @@ import trio.testing
 from averager_harness import BATCH, TIMEOUT, Peer, assert_state_close, last, make_peer, peers, running, settled, stall
 
 from murmur.node.averaging.averager import AVERAGE_PROTOCOL
+from murmur.node.averaging.outcome import Result
 from murmur.node.net.security import BanList
 from murmur.node.net.transport import (
     ByteStream,
@@ -50,11 +51,11 @@ async def test_a_busy_partner_answers_at_once_and_the_initiator_tries_another() 
                     await anyio.sleep(0)
             start = anyio.current_time()
             busy = await a.averager.exchange_with(b.id, b.transport.addresses())
-            assert (busy.result, busy.reason) == ("busy", "already in an exchange")
+            assert (busy.result, busy.reason) == (Result.BUSY, "already in an exchange")
             outcome = await a.averager.average_once(max_attempts=3)
             assert anyio.current_time() == start  # no waiting on the busy partner
-        assert outcome.result == "merged" and outcome.partner == c.id
-        assert last(b) == ("failed", f"timed out after {TIMEOUT:g}s")
+        assert outcome.result == Result.MERGED and outcome.partner == c.id
+        assert last(b) == (Result.FAILED, f"timed out after {TIMEOUT:g}s")
 
 
 async def test_two_peers_picking_each_other_do_not_deadlock() -> None:
@@ -70,7 +71,7 @@ async def test_two_peers_picking_each_other_do_not_deadlock() -> None:
             tg.start_soon(go, a, b)
             tg.start_soon(go, b, a)
         assert anyio.current_time() == 0  # nobody waited for a timeout
-        assert {o.result for o in results.values()} <= {"merged", "busy"}
+        assert {o.result for o in results.values()} <= {Result.MERGED, Result.BUSY}
         await settled(a, b)
 
 
@@ -85,8 +86,8 @@ async def test_another_run_is_refused_with_the_reason_on_both_sides(caplog: pyte
         outcome = await b.averager.exchange_with(a.id, a.transport.addresses())
         await settled(a, b)
     reason = "task mismatch: run id 'other-run' != 'digits'"
-    assert (outcome.result, outcome.reason) == ("refused", reason)
-    assert last(a) == ("refused", reason)
+    assert (outcome.result, outcome.reason) == (Result.REFUSED, reason)
+    assert last(a) == (Result.REFUSED, reason)
     assert_state_close(a.state(), before_a)
     assert_state_close(b.state(), before_b)
     assert sum(f"exchange with {b.id[-8:]}: refused ({reason})" in r.getMessage() for r in caplog.records) == 1
@@ -102,8 +103,8 @@ async def test_a_non_finite_model_fails_the_exchange_on_both_sides_and_earns_a_s
         before_a, before_b = a.state(), b.state()
         outcome = await a.averager.exchange_with(b.id, b.transport.addresses())
         await settled(a, b)
-        assert outcome.result == "failed" and outcome.reason.startswith("PeerAborted: NonFiniteTensor")
-        assert last(b)[0] == "failed" and last(b)[1].startswith("NonFiniteTensor")
+        assert outcome.result == Result.FAILED and outcome.reason.startswith("PeerAborted: NonFiniteTensor")
+        assert last(b)[0] == Result.FAILED and last(b)[1].startswith("NonFiniteTensor")
         assert_state_close(b.state(), before_b)
         torch.testing.assert_close(a.state(), before_a, equal_nan=True)  # b refused before committing
     strikes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("strike")]
@@ -125,8 +126,8 @@ async def test_a_scaled_model_is_rejected_before_any_merge_and_banned_at_once() 
         outcome = await a.averager.exchange_with(b.id, b.transport.addresses())
         await settled(a, b)
         result, reason = last(b)
-        assert result == "rejected" and "more than 3x our norm" in reason
-        assert (outcome.result, outcome.reason) == ("failed", f"PeerAborted: your model was rejected: {reason}")
+        assert result == Result.REJECTED and "more than 3x our norm" in reason
+        assert (outcome.result, outcome.reason) == (Result.FAILED, f"PeerAborted: your model was rejected: {reason}")
         assert_state_close(a.state(), before_a)
         assert_state_close(b.state(), before_b)
         assert b.averager.bans.is_banned(a.id) and a.id not in b.averager.table.members
@@ -141,9 +142,9 @@ async def test_an_inflated_work_claim_is_capped_and_struck(caplog: pytest.LogCap
         s_liar, s_honest = liar.state(), honest.state()
         outcome = await liar.averager.exchange_with(honest.id, honest.transport.addresses())
         await settled(liar, honest)
-        assert outcome.result == "merged"
+        assert outcome.result == Result.MERGED
         # The honest side credits at most 4x its own weight (32): 128, not a million.
-        assert last(honest) == ("merged", "work: partner holds 80% of the pair's work")
+        assert last(honest) == (Result.MERGED, "work: partner holds 80% of the pair's work")
         assert_state_close(honest.state(), {n: s_honest[n] + 0.8 * (s_liar[n] - s_honest[n]) for n in s_honest})
         assert honest.trainer.weight == (BATCH + 4 * BATCH) / 2
     assert f"strike 1/3 for {liar.id[-8:]}: claimed work 1e+06 capped at 128 (ours 32)" in caplog.text
@@ -174,7 +175,7 @@ async def test_a_partner_that_dies_mid_transfer_times_out_and_leaves_the_model_u
         a.steps(2)
         before = a.state()
         outcome = await a.averager.exchange_with(victim.peer_id, victim.addresses())
-    assert (outcome.result, outcome.reason) == ("failed", f"timed out after {TIMEOUT:g}s")
+    assert (outcome.result, outcome.reason) == (Result.FAILED, f"timed out after {TIMEOUT:g}s")
     assert outcome.duration_s == pytest.approx(TIMEOUT)  # simulated: no real second passed
     assert_state_close(a.state(), before)
     assert not a.averager.in_exchange
@@ -191,10 +192,10 @@ async def test_an_initiator_that_stalls_after_its_offer_times_out_the_responder_
         with anyio.fail_after(2 * TIMEOUT):
             while not b.averager.recent:
                 await anyio.sleep(0.01)
-        assert last(b) == ("failed", f"timed out after {TIMEOUT:g}s")
+        assert last(b) == (Result.FAILED, f"timed out after {TIMEOUT:g}s")
         assert_state_close(b.state(), before)
         outcome = await c.averager.exchange_with(b.id, b.transport.addresses())
-        assert outcome.result == "merged"
+        assert outcome.result == Result.MERGED
         await stream.reset()
 
 
@@ -205,12 +206,12 @@ async def test_partitioned_peers_fail_at_once_and_merge_again_once_healed() -> N
         start = anyio.current_time()
         a.transport.blocked.add(b.id)
         cut = await a.averager.exchange_with(b.id, b.transport.addresses())
-        assert cut.result == "failed" and "partitioned (fault injection)" in cut.reason
+        assert cut.result == Result.FAILED and "partitioned (fault injection)" in cut.reason
         a.transport.blocked.clear()
         b.transport.blocked.add(a.id)  # b resets a's stream before anything is answered
         reset = await a.averager.exchange_with(b.id, b.transport.addresses())
-        assert reset.result == "failed"
+        assert reset.result == Result.FAILED
         assert anyio.current_time() == start  # neither waited for a timeout
         b.transport.blocked.clear()
         healed = await a.averager.exchange_with(b.id, b.transport.addresses())
-        assert healed.result == "merged"
+        assert healed.result == Result.MERGED

@@ -17,6 +17,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 
 from murmur.node.averaging.averager import Averager
 from murmur.node.averaging.factory import build_averager
+from murmur.node.averaging.outcome import Result
 from murmur.node.learn.rules import MergeRule, OuterRule, WorkRule
 from murmur.node.learn.tasks import DigitsTask
 from murmur.node.learn.trainer import Trainer
@@ -48,9 +49,9 @@ async def test_two_libp2p_peers_merge_once_to_the_work_weighted_mean() -> None:
         sa, sb = a.trainer.snapshot(), b.trainer.snapshot()
         with anyio.fail_after(20):
             outcome = await a.exchange_with(tb.peer_id, tb.addresses())
-            while b.outcomes["merged"] < 1:  # the responder finishes a moment after the initiator
+            while b.outcomes[Result.MERGED] < 1:  # the responder finishes a moment after the initiator
                 await anyio.sleep(0.01)
-        assert (outcome.result, outcome.reason) == ("merged", "work: partner holds 25% of the pair's work")
+        assert (outcome.result, outcome.reason) == (Result.MERGED, "work: partner holds 25% of the pair's work")
         expected = {n: (3 * sa.state[n] + sb.state[n]) / 4 for n in sa.state}
         assert_state_close(a.trainer.snapshot().state, expected)
         assert_state_close(b.trainer.snapshot().state, expected)
@@ -66,7 +67,7 @@ async def test_outer_peers_discount_the_staler_side_over_libp2p() -> None:
                 b.trainer.step()
             with anyio.fail_after(20):
                 outcome = await a.exchange_with(tb.peer_id, tb.addresses())
-                while b.outcomes["merged"] < merges:
+                while b.outcomes[Result.MERGED] < merges:
                     await anyio.sleep(0.01)
         # weights 96 and 160, fresh work 32 and 96: (1 - κ)·160/256 + κ·96/128
         assert outcome.remote_share == pytest.approx(0.5 * 160 / 256 + 0.5 * 96 / 128)
@@ -82,6 +83,6 @@ async def test_a_newcomer_syncs_a_libp2p_peers_model() -> None:
         newcomer.table.observe(tv.peer_id, tv.addresses(), 0.0)
         with anyio.fail_after(20):
             outcome = await newcomer.state_sync.sync_from_swarm()
-        assert outcome.result == "synced" and outcome.partner == tv.peer_id
+        assert outcome.result == Result.SYNCED and outcome.partner == tv.peer_id
         assert_state_close(newcomer.trainer.snapshot().state, veteran.trainer.snapshot().state)
         assert newcomer.trainer.weight == veteran.trainer.weight

@@ -10,7 +10,7 @@ import pytest
 
 from murmur.node.net.conversation import Conversation
 from murmur.node.net.transport import ByteStream, MemoryNetwork
-from murmur.protocol.errors import PeerAborted, PeerClosed, ProtocolViolation
+from murmur.protocol.errors import PeerAborted, ProtocolViolation, StreamClosed
 from murmur.protocol.exchange import AVERAGE, Exchange, Role
 from murmur.protocol.messages import Abort, Accept, Busy, Offer, Params
 
@@ -67,5 +67,5 @@ async def test_a_peer_closing_mid_conversation_is_peer_closed() -> None:
     async with conversations() as (initiator, responder):
         await initiator.send(OFFER)
         await responder.stream.close()
-        with pytest.raises(PeerClosed):
+        with pytest.raises(StreamClosed):
             await initiator.receive(Accept)

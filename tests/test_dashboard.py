@@ -14,7 +14,9 @@ import anyio
 import pytest
 from headless_chromium import chart_points, dump_dom, parse_dom, peer_rows
 from prometheus_client import CollectorRegistry, Counter
+from status_example import example_status
 
+from murmur.node.averaging.outcome import Outcome, Result
 from murmur.node.net.membership import PEERS_PROTOCOL, Membership, TaskIdentity
 from murmur.node.net.peers import PeerTable
 from murmur.node.net.transport import MemoryNetwork
@@ -30,6 +32,7 @@ from murmur.node.ops.dashboard import (
     swarm_view,
 )
 from murmur.node.ops.metrics import MetricsUnavailable
+from murmur.node.ops.node_status import NodeStatus
 from murmur.protocol.messages import PeerSummary
 
 pytestmark = pytest.mark.anyio
@@ -41,12 +44,8 @@ def anyio_backend() -> str:
     return "trio"
 
 
-def _status(peer_id: str = "12D3KooWself", t: float = 100.0, **overrides: object) -> dict:
-    status = {"peer_id": peer_id, "task": "digits", "t": t, "phase": "training", "samples": 640,
-              "samples_per_s": 320.0, "weight": 640.0, "loss": 0.5, "eval": {"accuracy": 0.8},
-              "compute_fraction": 0.75, "bytes_in": 1000, "bytes_out": 2000}  # fmt: skip
-    status.update(overrides)
-    return status
+def _status(peer_id: str = "12D3KooWself", t: float = 100.0, **changes: object) -> NodeStatus:
+    return example_status(peer_id=peer_id, t=t, **changes)
 
 
 def _summary(**overrides: object) -> PeerSummary:
@@ -88,8 +87,7 @@ def test_history_skips_a_repeated_summary_and_forgets_departed_peers() -> None:
 
 def test_swarm_view_lists_self_and_members_with_edges_and_history() -> None:
     history = SwarmHistory()
-    recent = [{"result": "merged", "partner": "peerA", "reason": "", "duration_s": 0.01},
-              {"result": "busy", "partner": "peerB", "reason": "in an exchange", "duration_s": 0.001}]  # fmt: skip
+    recent = [Outcome(Result.MERGED, "peerA", "", 0.01), Outcome(Result.BUSY, "peerB", "in an exchange", 0.001)]
     summaries = {"peerA": (_summary(partners=["12D3KooWself", "peerB"]), 9.5), "peerB": (_summary(loss=None), 9.9)}
     view = swarm_view(_status(), summaries, history, 10.0, recent, {"in": {"/p": 5}, "out": {"/p": 7}})
     assert [p["peer_id"] for p in view["peers"]] == ["12D3KooWself", "peerA", "peerB"]
@@ -127,9 +125,9 @@ def test_swarm_view_before_training_has_no_nan() -> None:
 
 
 def test_recent_partners_are_distinct_merged_newest_last_and_capped() -> None:
-    recent = [{"result": "merged", "partner": p} for p in "abcab"] + [{"result": "failed", "partner": "z"}]
+    recent = [Outcome(Result.MERGED, p, "") for p in "abcab"] + [Outcome(Result.FAILED, "z", "timed out")]
     assert recent_partners(recent) == ["c", "a", "b"]
-    assert recent_partners([{"result": "merged", "partner": str(i)} for i in range(20)], limit=8) == [
+    assert recent_partners([Outcome(Result.MERGED, str(i), "") for i in range(20)], limit=8) == [
         str(i) for i in range(12, 20)
     ]
 

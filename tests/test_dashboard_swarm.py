@@ -39,7 +39,8 @@ def _swarm(url: str) -> dict:
 
 
 def _dashboard_url(peer: Peer) -> str | None:
-    return (peer.status() or {}).get("dashboard_url")
+    status = peer.status()
+    return status.dashboard_url if status is not None else None
 
 
 def _ready(url: str, ids: set[str]) -> dict | None:
@@ -60,8 +61,8 @@ def test_dashboard_of_a_live_swarm_in_headless_chromium(tmp_path: Path) -> None:
     try:
         url = _wait_for("peer 0's dashboard URL", lambda: _dashboard_url(peers[0]))
         assert url.startswith("http://127.0.0.1:")
-        ids = set(_wait_for("every peer's ID", lambda: [(p.status() or {}).get("peer_id") for p in peers]
-                            if all(p.status() for p in peers) else None))  # fmt: skip
+        ids = set(_wait_for("every peer's ID", lambda: [s.peer_id for s in statuses]
+                            if all(statuses := [p.status() for p in peers]) else None))  # fmt: skip
         _wait_for("three peers, a merge and two points per peer", lambda: _ready(url, ids))
 
         root, by_id = parse_dom(dump_dom(url))
@@ -78,7 +79,7 @@ def test_dashboard_of_a_live_swarm_in_headless_chromium(tmp_path: Path) -> None:
         screenshot(url, shot)
 
         leaver = peers[2]
-        leaver_id = leaver.status()["peer_id"]
+        leaver_id = leaver.status().peer_id
         os.kill(leaver.process.pid, signal.SIGTERM)  # a graceful leave: it says goodbye to its members
         leaver.process.wait(timeout=30)
         _wait_for("the leaver to drop out", lambda: leaver_id not in {p["peer_id"] for p in _swarm(url)["peers"]})

@@ -58,22 +58,23 @@ def test_ctrl_c_stops_the_demo_and_every_peer_it_started(tmp_path: Path) -> None
 
 def test_the_live_table_fits_80_columns_without_wrapping_a_label(tmp_path: Path) -> None:
     import io
-    import json
 
     from rich.console import Console
+    from status_example import example_status
 
     from lab.demo import peer_table
     from lab.swarm import Peer
+    from murmur.node.averaging.outcome import Result
 
     class Exited:
         def poll(self) -> int:
             return 0
 
     # The widest values a demo shows: five-digit rates and counts, a dozen peers, exited ones.
-    (tmp_path / "status.json").write_text(json.dumps({
-        "samples_per_s": 12345.6, "loss": 12.3456, "eval": {"accuracy": 0.9876}, "exchanges": {"merged": 12345},
-        "known_peers": 12, "compute_fraction": 0.123,
-    }))  # fmt: skip
+    (tmp_path / "status.json").write_text(example_status(
+        samples_per_s=12345.6, loss=12.3456, eval={"accuracy": 0.9876}, exchanges={Result.MERGED: 12345},
+        known_peers=12, compute_fraction=0.123,
+    ).to_json())  # fmt: skip
     peers = [Peer(i, 4.0, tmp_path, Exited()) for i in range(12)]  # type: ignore[arg-type]
     out = io.StringIO()
     Console(file=out, width=80).print(peer_table(peers, "accuracy"))

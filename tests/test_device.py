@@ -1,7 +1,6 @@
 """Devices: `--device` resolution and its errors, the CPU path end to end, and peers whose
 models differ in device or dtype exchanging through the device-independent wire format."""
 
-import json
 from pathlib import Path
 
 import anyio
@@ -10,12 +9,14 @@ import torch
 from torch import nn
 
 import murmur.node.learn.device
+from murmur.node.averaging.outcome import Result
 from murmur.node.learn.checkpoint import read_checkpoint, save_checkpoint
 from murmur.node.learn.device import DeviceError, check_mixed_precision, cpu_copy, resolve_device, to_device
 from murmur.node.learn.tasks import Batch, DigitsTask
 from murmur.node.learn.trainer import Trainer
 from murmur.node.net.transport import MemoryNetwork
 from murmur.node.ops.node import STATUS_FILE, Node, NodeConfig
+from murmur.node.ops.node_status import NodeStatus
 from murmur.protocol.codec import decode_state, encode_state
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -112,13 +113,13 @@ async def test_cpu_nodes_train_and_merge(tmp_path: Path) -> None:
             addrs = await tg.start(first.run)
             second = make("second", [addrs[0]])
             await tg.start(second.run)
-            while not (second.averager.outcomes["merged"] and second.trainer.samples):  # not a fixed training time
+            while not (second.averager.outcomes[Result.MERGED] and second.trainer.samples):  # not a fixed training time
                 await anyio.sleep(0.05)
             first.request_stop()
             second.request_stop()
-    status = json.loads((tmp_path / "second" / STATUS_FILE).read_text())
-    assert status["device"] == "cpu"
-    assert status["samples"] > 0 and status["exchanges"].get("merged", 0) >= 1
+    status = NodeStatus.from_json((tmp_path / "second" / STATUS_FILE).read_text())
+    assert status.device == "cpu"
+    assert status.samples > 0 and status.exchanges.get(Result.MERGED, 0) >= 1
 
 
 # --- device- and dtype-independent exchange -----------------------------------------------

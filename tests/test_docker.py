@@ -265,7 +265,7 @@ def _documented_runs(path: Path, peer_id: str) -> list[list[str]]:
     return runs
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/deploy.md"])
+@pytest.mark.parametrize("doc", ["docs/operating.md", "docs/deploy.md"])
 def test_documented_docker_runs_use_valid_murmur_run_options(doc: str, tmp_path: Path) -> None:
     peer_id = peer_id_of(load_or_create_identity(tmp_path))
     runs = _documented_runs(ROOT / doc, peer_id)

@@ -9,10 +9,10 @@ from murmur.protocol.errors import (
     MalformedMessage,
     NonFiniteTensor,
     PeerAborted,
-    PeerClosed,
     ProtocolError,
     ProtocolViolation,
     RemoteProtocolError,
+    StreamClosed,
     TensorMismatch,
 )
 from murmur.protocol.exchange import AVERAGE, Exchange, Role
@@ -24,7 +24,7 @@ def test_offences_are_what_only_a_broken_or_hostile_peer_sends() -> None:
     assert all(issubclass(e, RemoteProtocolError) for e in OFFENCES)
 
 
-@pytest.mark.parametrize("error", [PeerAborted("rejected your model"), PeerClosed("closed"), LocalProtocolError("ours")])
+@pytest.mark.parametrize("error", [PeerAborted("rejected your model"), StreamClosed("closed"), LocalProtocolError("ours")])
 def test_giving_up_closing_and_our_own_mistakes_are_no_offence(error: ProtocolError) -> None:
     assert isinstance(error, ProtocolError) and not isinstance(error, OFFENCES)
 

@@ -12,9 +12,9 @@ from murmur.protocol.errors import (
     FrameTooLarge,
     LocalProtocolError,
     MalformedMessage,
-    PeerClosed,
     ProtocolViolation,
     RemoteProtocolError,
+    StreamClosed,
 )
 from murmur.protocol.exchange import (
     AVERAGE,
@@ -360,7 +360,7 @@ def test_eof_mid_conversation_raises_peer_closed(steps: int) -> None:
     sides = _run(AVERAGE, AVERAGE_SCRIPT[:steps])
     receiver = sides[_other(AVERAGE_SCRIPT[steps][0])]  # the side waiting for the next message
     receiver.receive_data(b"")
-    with pytest.raises(PeerClosed, match=f"average: peer closed the stream in state '{AVERAGE_STATES[steps]}'"):
+    with pytest.raises(StreamClosed, match=f"average: peer closed the stream in state '{AVERAGE_STATES[steps]}'"):
         receiver.next_event()
 
 
@@ -369,7 +369,7 @@ def test_eof_inside_a_frame_raises_peer_closed() -> None:
     responder.receive_data(encode_frame(OFFER)[:-1])
     assert responder.next_event() is NEED_DATA
     responder.receive_data(b"")
-    with pytest.raises(PeerClosed, match="state 'start'"):
+    with pytest.raises(StreamClosed, match="state 'start'"):
         responder.next_event()
 
 
@@ -378,7 +378,7 @@ def test_complete_frame_before_eof_is_still_delivered() -> None:
     responder.receive_data(encode_frame(OFFER))
     responder.receive_data(b"")
     assert responder.next_event() == OFFER
-    with pytest.raises(PeerClosed, match="state 'offered'"):
+    with pytest.raises(StreamClosed, match="state 'offered'"):
         responder.next_event()
 
 

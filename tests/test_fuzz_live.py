@@ -9,6 +9,7 @@ import pytest
 from libp2p.crypto.ed25519 import create_new_key_pair
 
 from murmur.node.averaging.averager import AVERAGE_PROTOCOL
+from murmur.node.averaging.outcome import Result
 from murmur.node.averaging.state_sync import STATE_PROTOCOL
 from murmur.node.net.libp2p_transport import Libp2pTransport
 from murmur.node.net.membership import PEERS_PROTOCOL
@@ -94,7 +95,7 @@ async def test_node_survives_ten_thousand_hostile_frames(tmp_path: Path) -> None
         with anyio.fail_after(config.exchange_timeout + 5):  # never stuck in an exchange
             while node.averager.in_exchange:
                 await anyio.sleep(0.01)
-        assert node.averager.outcomes["failed"] > 100  # the hostile exchanges were seen and refused
+        assert node.averager.outcomes[Result.FAILED] > 100  # the hostile exchanges were seen and refused
 
         # Afterwards an honest peer still completes a well-formed exchange.
         honest = Node(NodeConfig(data_dir=tmp_path / "honest", listen=["/ip4/127.0.0.1/tcp/0"], checkpoint_every=1e9),
@@ -105,8 +106,8 @@ async def test_node_survives_ten_thousand_hostile_frames(tmp_path: Path) -> None
             with anyio.fail_after(30):
                 for _ in range(50):  # the node may be busy in an exchange of its own: retry
                     outcome = await honest.averager.exchange_with(node.peer_id, addrs)
-                    if outcome.result != "busy":
+                    if outcome.result != Result.BUSY:
                         break
                     await anyio.sleep(0.05)
-        assert outcome.result == "merged", outcome.reason
+        assert outcome.result == Result.MERGED, outcome.reason
         tg.cancel_scope.cancel()

@@ -1,5 +1,6 @@
 """Prometheus metrics: the update rules, and two real libp2p nodes on loopback scraped over HTTP."""
 
+import dataclasses
 import json
 import urllib.request
 from pathlib import Path
@@ -8,13 +9,15 @@ import anyio
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from status_example import example_status
 
 from murmur.node.averaging.averager import AVERAGE_PROTOCOL
-from murmur.node.averaging.outcome import Outcome
+from murmur.node.averaging.outcome import Outcome, Result
 from murmur.node.net.identity import load_or_create_identity
 from murmur.node.net.membership import PEERS_PROTOCOL
 from murmur.node.ops.metrics import NodeMetrics, Traffic
 from murmur.node.ops.node import Node, NodeConfig, build_node
+from murmur.node.ops.node_status import NetworkStatus, NodeStatus
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 
@@ -43,21 +46,22 @@ def _shows_trained_peer(swarm: dict) -> bool:
     return len(swarm.get("peers", [])) == 2 and swarm["peers"][1]["samples_per_s"] > 0
 
 
-def _status(samples: float, exchanges: dict[str, int], distance: float | None = None) -> dict:
-    return {"samples": samples, "samples_per_s": 10.0, "loss": 0.5, "eval": {"accuracy": 0.9}, "exchanges": exchanges,
-            "known_peers": 2, "weight": samples, "partner_distance": distance}  # fmt: skip
+def _status(samples: int, exchanges: dict[Result, int], distance: float | None = None) -> NodeStatus:
+    return example_status(samples=samples, samples_per_s=10.0, eval={"accuracy": 0.9}, exchanges=exchanges, work=float(samples),
+                          partner_distance=distance, network=NetworkStatus())  # fmt: skip
 
 
 def test_counters_follow_the_node_totals_and_durations_are_observed_once() -> None:
     metrics = NodeMetrics("peer-a", "digits")
     traffic = Traffic()
     traffic.received["/murmur/average/1.0.0"] = 100
-    first = [Outcome("merged", "b", "ok", 0.02), Outcome("busy", "c", "busy", 0.001)]
-    metrics.update(_status(64, {"merged": 1, "busy": 1}), first, traffic)
+    first = [Outcome(Result.MERGED, "b", "ok", 0.02), Outcome(Result.BUSY, "c", "busy", 0.001)]
+    metrics.update(_status(64, {Result.MERGED: 1, Result.BUSY: 1}), first, traffic)
     traffic.received["/murmur/average/1.0.0"] = 250
-    second = [*first, Outcome("failed", "c", "timed out", 12.0)]
-    metrics.update(_status(128, {"merged": 1, "busy": 1, "failed": 1}, distance=1.5), second, traffic)
-    metrics.update(_status(128, {"merged": 1, "busy": 1, "failed": 1}, distance=1.5), second, traffic)  # nothing new
+    second = [*first, Outcome(Result.FAILED, "c", "timed out", 12.0)]
+    counts = {Result.MERGED: 1, Result.BUSY: 1, Result.FAILED: 1}
+    metrics.update(_status(128, counts, distance=1.5), second, traffic)
+    metrics.update(_status(128, counts, distance=1.5), second, traffic)  # nothing new
 
     got = _samples(generate_latest(metrics.registry).decode())
     assert got[("murmur_samples_total", ())] == 128
@@ -89,7 +93,7 @@ async def test_two_libp2p_nodes_serve_metrics_that_move_and_stop_with_the_node(t
             assert first.metrics_url and second.metrics_url and first.metrics_url != second.metrics_url
             assert first.metrics_url.startswith("http://127.0.0.1:")
             before = await anyio.to_thread.run_sync(_scrape, first.metrics_url)
-            while second.averager.outcomes["merged"] < 2 or first.averager.outcomes["merged"] < 2:
+            while second.averager.outcomes[Result.MERGED] < 2 or first.averager.outcomes[Result.MERGED] < 2:
                 await anyio.sleep(0.2)
             merged = ("murmur_exchanges_total", (("outcome", "merged"),))
             # The metrics follow at the node's next status write: poll for it rather than sleep a fixed time.
@@ -129,10 +133,9 @@ async def test_two_libp2p_nodes_serve_metrics_that_move_and_stop_with_the_node(t
 
 def test_reachability_connections_and_relayed_bytes() -> None:
     metrics = NodeMetrics("peer-a", "digits")
-    status = {**_status(1, {}), "reachability": "private", "connections": {"b": "direct", "c": "relayed", "d": "direct"},
-              "relayed_bytes": 1000}
-    metrics.update(status, [], Traffic())
-    metrics.update({**status, "relayed_bytes": 1500}, [], Traffic())
+    network = NetworkStatus("private", connections={"b": "direct", "c": "relayed", "d": "direct"}, relayed_bytes=1000)
+    metrics.update(dataclasses.replace(_status(1, {}), network=network), [], Traffic())
+    metrics.update(dataclasses.replace(_status(1, {}), network=dataclasses.replace(network, relayed_bytes=1500)), [], Traffic())
     got = _samples(generate_latest(metrics.registry).decode())
     assert [got[("murmur_reachability", (("state", s),))] for s in ("public", "private", "unknown")] == [0, 1, 0]
     assert got[("murmur_connections", (("kind", "direct"),))] == 2

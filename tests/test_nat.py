@@ -12,6 +12,7 @@ import pytest
 
 from lab.natswarm import NatSwarm
 from lab.netns import netns_unavailable_reason
+from murmur.node.averaging.outcome import Result
 
 _reason = netns_unavailable_reason(need_iptables=True)
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(_reason is not None, reason=_reason or "")]
@@ -22,11 +23,11 @@ def _namespaces() -> set[str]:
 
 
 def _reachability(swarm: NatSwarm) -> dict[str, str]:
-    return {name: swarm.status(name).get("reachability", "-") for name in ("boot", "relay", "a", "b")}
+    return {name: swarm.network(name).reachability for name in ("boot", "relay", "a", "b")}
 
 
 def _connection(swarm: NatSwarm, name: str, partner: str) -> str | None:
-    return swarm.status(name).get("connections", {}).get(swarm.peer_id(partner))
+    return swarm.network(name).connections.get(swarm.peer_id(partner))
 
 
 def test_nated_peers_punch_a_hole_and_exchange_models_directly(tmp_path) -> None:
@@ -39,13 +40,13 @@ def test_nated_peers_punch_a_hole_and_exchange_models_directly(tmp_path) -> None
         swarm.wait_until(lambda: _reachability(swarm) == {"boot": "public", "relay": "public", "a": "private", "b": "private"},
                          "reachability public, public, private, private", 120)
         for name in ("a", "b"):  # relays were found, not configured, and only circuits are advertised
-            swarm.wait_until(lambda n=name: len(swarm.status(n).get("relays", [])) == 2, f"two relays for {name}", 60)
-            assert all("/p2p-circuit/" in a for a in swarm.status(name)["addrs"])
+            swarm.wait_until(lambda n=name: len(swarm.network(n).relays) == 2, f"two relays for {name}", 60)
+            assert all("/p2p-circuit/" in a for a in swarm.status(name).addrs)
         swarm.wait_until(lambda: _connection(swarm, "a", "b") == "direct" and _connection(swarm, "b", "a") == "direct",
                          "a direct a-b connection", 90)
-        swarm.wait_until(lambda: ("merged", "direct") in swarm.exchanges("a", "b") + swarm.exchanges("b", "a"),
+        swarm.wait_until(lambda: (Result.MERGED, "direct") in swarm.exchanges("a", "b") + swarm.exchanges("b", "a"),
                          "a model exchange over the punched connection", 60)
-        swarm.wait_until(lambda: swarm.status("a")["hole_punched"] + swarm.status("b")["hole_punched"] >= 1,
+        swarm.wait_until(lambda: swarm.network("a").hole_punched + swarm.network("b").hole_punched >= 1,
                          "status counting the punched hole", 10)
     assert not names & _namespaces()
     assert not any(p.alive() for p in swarm.peers.values())
@@ -53,23 +54,23 @@ def test_nated_peers_punch_a_hole_and_exchange_models_directly(tmp_path) -> None
 
 def test_unpunchable_nat_falls_back_to_the_relay_and_survives_losing_it(tmp_path) -> None:
     with NatSwarm(tmp_path, unpunchable=True, spare_relay=True, duration=150) as swarm:
-        swarm.wait_until(lambda: all(len(swarm.status(n).get("relays", [])) == 2 for n in ("a", "b")),
+        swarm.wait_until(lambda: all(len(swarm.network(n).relays) == 2 for n in ("a", "b")),
                          "two relay reservations each", 150)
-        swarm.wait_until(lambda: sum(r == "merged" for r, _ in swarm.exchanges("a", "b")) >= 3,
+        swarm.wait_until(lambda: sum(r == Result.MERGED for r, _ in swarm.exchanges("a", "b")) >= 3,
                          "three a-b exchanges", 90)
         assert _connection(swarm, "a", "b") == "relayed"
-        assert ("merged", "direct") not in swarm.exchanges("a", "b")
-        victim_id = swarm.status("a")["relayed_via"][swarm.peer_id("b")]  # the relay carrying a-b
+        assert (Result.MERGED, "direct") not in swarm.exchanges("a", "b")
+        victim_id = swarm.network("a").relayed_via[swarm.peer_id("b")]  # the relay carrying a-b
         victim = next(name for name in swarm.public if swarm.peer_id(name) == victim_id)
         before = len(swarm.exchanges("a", "b"))
         swarm.kill(victim)
-        swarm.wait_until(lambda: sum(r == "merged" for r, _ in swarm.exchanges("a", "b")[before:]) >= 3,
+        swarm.wait_until(lambda: sum(r == Result.MERGED for r, _ in swarm.exchanges("a", "b")[before:]) >= 3,
                          f"three a-b exchanges after killing {victim}", 90)
         after = swarm.exchanges("a", "b")[before:]
-        assert [r for r, _ in after].index("merged") <= 1, f"more than one exchange lost to the dead relay: {after}"
+        assert [r for r, _ in after].index(Result.MERGED) <= 1, f"more than one exchange lost to the dead relay: {after}"
 
         def re_reserved(name: str) -> bool:  # two reservations again, none on the dead relay
-            relays = swarm.status(name).get("relays", [])
+            relays = swarm.network(name).relays
             return len(relays) == 2 and not any(victim_id in r for r in relays)
 
         swarm.wait_until(lambda: re_reserved("a") and re_reserved("b"), "two live reservations each again", 60)

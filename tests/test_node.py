@@ -7,9 +7,11 @@ from pathlib import Path
 import anyio
 import pytest
 
+from murmur.node.averaging.outcome import Result
 from murmur.node.net.identity import load_or_create_identity
 from murmur.node.net.transport import MemoryNetwork
 from murmur.node.ops.node import METRICS_FILE, STATUS_FILE, Node, NodeConfig, build_node
+from murmur.node.ops.node_status import NodeStatus
 
 pytestmark = pytest.mark.anyio
 
@@ -39,11 +41,11 @@ async def test_nodes_join_sync_and_average(tmp_path: Path) -> None:
             await tg.start(third.run)
             nodes = [first, second, third]
             # Until every node merged once and evaluated once (instead of a fixed training time).
-            tg.start_soon(stop_when, nodes, lambda: all(n.averager.outcomes["merged"] and n.last_eval for n in nodes))
+            tg.start_soon(stop_when, nodes, lambda: all(n.averager.outcomes[Result.MERGED] and n.last_eval for n in nodes))
     for node in (first, second, third):
-        status = json.loads((node.config.data_dir / STATUS_FILE).read_text())
-        assert status["exchanges"].get("merged", 0) >= 1
-        assert status["samples"] > 0
+        status = NodeStatus.from_json((node.config.data_dir / STATUS_FILE).read_text())
+        assert status.exchanges.get(Result.MERGED, 0) >= 1
+        assert status.samples > 0
         records = (node.config.data_dir / METRICS_FILE).read_text().splitlines()
         assert records and "accuracy" in json.loads(records[-1])
 
@@ -71,7 +73,7 @@ async def test_node_waits_for_its_start_file_then_trains_from_the_time_it_holds(
             with anyio.fail_after(10):
                 while node.phase != "waiting":
                     await anyio.sleep(0.02)
-            assert json.loads((node.config.data_dir / STATUS_FILE).read_text())["phase"] == "waiting"
+            assert NodeStatus.from_json((node.config.data_dir / STATUS_FILE).read_text()).phase == "waiting"
             await anyio.sleep(0.3)
             assert node.trainer.samples == 0  # ready, but not told to start
             begin = time.time() + 0.5
@@ -79,7 +81,7 @@ async def test_node_waits_for_its_start_file_then_trains_from_the_time_it_holds(
             start_file.with_name("start.tmp").replace(start_file)
     records = [json.loads(line) for line in (node.config.data_dir / METRICS_FILE).read_text().splitlines()]
     assert records[0]["t"] >= begin and node.trainer.samples > 0
-    assert json.loads((node.config.data_dir / STATUS_FILE).read_text())["phase"] == "training"
+    assert NodeStatus.from_json((node.config.data_dir / STATUS_FILE).read_text()).phase == "training"
 
 
 async def test_node_prints_listen_then_announced_addresses(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

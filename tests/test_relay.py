@@ -1,6 +1,5 @@
 """Circuit relay v2 on loopback with real libp2p hosts: peers that cannot be dialed take part through a relay."""
 
-import json
 import logging
 import random
 import time
@@ -20,6 +19,7 @@ from libp2p.security.noise.io import NoiseTransportReadWriter
 from murmur.node.averaging.averager import Averager
 from murmur.node.averaging.factory import build_averager
 from lab.swarm import ForkedPeer, stop_processes
+from murmur.node.averaging.outcome import Result
 from murmur.node.learn.tasks import DigitsTask
 from murmur.node.learn.trainer import Trainer
 from murmur.node.net.libp2p_transport import Libp2pTransport
@@ -27,6 +27,7 @@ from murmur.node.net.membership import PEERS_PROTOCOL, Membership
 from murmur.node.net.peers import PeerTable
 from murmur.node.net.relay import circuit_address
 from murmur.node.net.transport import TransportError
+from murmur.node.ops.node_status import NodeStatus
 
 pytestmark = pytest.mark.anyio
 
@@ -90,9 +91,9 @@ async def test_peers_behind_nat_exchange_models_through_a_relay() -> None:
                 b.trainer.step()
             before_a, before_b = a.trainer.snapshot().state, b.trainer.snapshot().state
             outcome = await b.averager.exchange_with(a.id, b.table.members[a.id].addrs)
-            while a.averager.outcomes["merged"] < 1:  # the responder finishes a moment later
+            while a.averager.outcomes[Result.MERGED] < 1:  # the responder finishes a moment later
                 await anyio.sleep(0.01)
-            assert outcome.result == "merged", outcome.reason
+            assert outcome.result == Result.MERGED, outcome.reason
             after_a, after_b = a.trainer.snapshot().state, b.trainer.snapshot().state
             assert any(not torch.equal(before_a[k], after_a[k]) for k in before_a)
             assert any(not torch.equal(before_b[k], after_b[k]) for k in before_b)
@@ -179,6 +180,6 @@ def test_murmur_run_peers_behind_a_relay_exchange_through_it(tmp_path: Path, any
         assert any(f"connected to {ids[other][-8:]} through relay" in logs[name] for name, other in pairs)
         for name, other in pairs:
             assert f"exchange with {ids[other][-8:]}: merged" in logs[name], logs[name]
-            assert json.loads((tmp_path / name / "status.json").read_text())["exchanges"]["merged"] >= 1
+            assert NodeStatus.from_json((tmp_path / name / "status.json").read_text()).exchanges[Result.MERGED] >= 1
     finally:
         stop_processes(procs, timeout=30)

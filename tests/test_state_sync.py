@@ -10,6 +10,7 @@ import pytest
 import trio.testing
 from averager_harness import BATCH, TIMEOUT, assert_state_close, make_peer, peers, running, stall
 
+from murmur.node.averaging.outcome import Result
 from murmur.node.averaging.state_sync import STATE_PROTOCOL
 from murmur.node.net.transport import MemoryNetwork
 
@@ -26,7 +27,7 @@ async def test_a_newcomer_adopts_a_live_peers_model_by_state_sync() -> None:
         veteran.steps(5)
         newcomer.know(veteran)
         outcome = await newcomer.averager.state_sync.sync_from_swarm()
-        assert (outcome.result, outcome.reason) == ("synced", f"adopted a model of weight {5 * BATCH}")
+        assert (outcome.result, outcome.reason) == (Result.SYNCED, f"adopted a model of weight {5 * BATCH}")
         assert_state_close(newcomer.state(), veteran.state())
         assert newcomer.trainer.weight == veteran.trainer.weight == 5 * BATCH
 
@@ -41,9 +42,9 @@ async def test_a_resumed_peer_far_behind_catches_up_but_a_current_one_keeps_its_
         before = current.state()
         caught_up = await stale.averager.state_sync.sync_from_swarm(behind_ratio=2.0)
         kept = await current.averager.state_sync.sync_from_swarm(behind_ratio=2.0)
-        assert caught_up.result == "synced"
+        assert caught_up.result == Result.SYNCED
         assert_state_close(stale.state(), veteran.state())
-        assert (kept.result, kept.reason) == ("kept", "peer's weight 320 is not 2x ours (256)")
+        assert (kept.result, kept.reason) == (Result.KEPT, "peer's weight 320 is not 2x ours (256)")
         assert_state_close(current.state(), before)
         assert current.trainer.weight == 256
 
@@ -59,12 +60,12 @@ async def test_state_sync_is_refused_across_runs_and_a_stalled_peer_times_out() 
         newcomer.know(other)
         refused = await newcomer.averager.state_sync.sync_from_swarm(attempts=1)
         assert (refused.result, refused.reason) == (
-            "failed", "StateSyncRefused: task mismatch: run id 'digits' != 'other-run'"
+            Result.FAILED, "StateSyncRefused: task mismatch: run id 'digits' != 'other-run'"
         )  # fmt: skip
         newcomer.averager.table.forget(other.id)
         newcomer.averager.table.observe(staller.peer_id, staller.addresses(), 0.0)
         stalled = await newcomer.averager.state_sync.sync_from_swarm(attempts=1)
-        assert stalled.result == "failed" and stalled.reason.startswith("TimeoutError")
+        assert stalled.result == Result.FAILED and stalled.reason.startswith("TimeoutError")
         assert anyio.current_time() == pytest.approx(TIMEOUT)
         assert_state_close(newcomer.state(), before)
         assert newcomer.trainer.weight == 0

@@ -11,14 +11,17 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from status_example import example_status
 
+from murmur.node.averaging.outcome import Result
+from murmur.node.ops.node_status import NodeStatus
 from murmur.node.ops.status import STATUS_FILE, StatusUnavailable, load_status, main, unhealthy_reason
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _status(t: float, interval: float = 1.0, pid: int = 4242) -> dict:
-    return {"t": t, "status_interval": interval, "pid": pid, "peer_id": "12D3KooWexample"}
+def _status(t: float, interval: float = 1.0, pid: int = 4242) -> NodeStatus:
+    return example_status(t=t, status_interval=interval, pid=pid)
 
 
 def test_health_needs_a_fresh_status_and_a_live_process() -> None:
@@ -131,3 +134,23 @@ def test_a_running_node_is_observable_and_a_stopped_one_unhealthy(tmp_path: Path
     health = _murmur("status", "--data-dir", str(data), "--health")
     assert health.returncode == 1
     assert health.stdout.startswith(f"unhealthy: node process {node.pid} is not running"), health.stdout
+
+
+
+def test_status_shows_a_written_status_and_prints_it_back_as_strict_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # the table's width: no cell folded
+    written = example_status(t=time.time(), pid=os.getpid(), loss=float("nan"))  # NaN: before the first step
+    (tmp_path / STATUS_FILE).write_text(written.to_json())
+    assert load_status(tmp_path).peer_id == written.peer_id
+    assert main(["--data-dir", str(tmp_path), "--health"]) == 0
+    assert capsys.readouterr().out == "healthy\n"
+    assert main(["--data-dir", str(tmp_path), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["loss"] is None and shown["weight"] == shown["work"] == written.work
+    assert shown["recent_exchanges"][0]["result"] == Result.MERGED
+    assert main(["--data-dir", str(tmp_path)]) == 0
+    table = capsys.readouterr().out
+    for text in ("running", "private · connections: 1 direct, 1 relayed", "busy 1, merged 1", "peerA", "already in an exchange"):
+        assert text in table, text

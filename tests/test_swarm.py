@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from lab.swarm import start_peer, start_swarm, stop_swarm
+from murmur.node.averaging.outcome import Result
 from murmur.node.ops.run import build_run_parser
 
 
@@ -32,10 +33,10 @@ def _wait_until_learned(peers: list, merged_at_least: int, known: int | None = N
     median accuracy passes 0.9; fail if a peer exits or time runs out. Returns each peer's known count and accuracy."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        statuses = [p.status() or {} for p in peers]
-        merged = [s.get("exchanges", {}).get("merged", 0) for s in statuses]
-        accuracy = [s.get("eval", {}).get("accuracy", 0.0) for s in statuses]
-        knows = [s.get("known_peers", 0) for s in statuses]
+        statuses = [p.status() for p in peers]
+        merged = [s.exchanges.get(Result.MERGED, 0) if s else 0 for s in statuses]
+        accuracy = [s.eval.get("accuracy", 0.0) if s else 0.0 for s in statuses]
+        knows = [s.known_peers if s else 0 for s in statuses]
         if min(merged) >= merged_at_least and known in (None, min(knows)) and statistics.median(accuracy) > 0.9:
             return knows, accuracy
         assert all(p.process.poll() is None for p in peers), "a peer exited early"
@@ -53,14 +54,14 @@ def test_swarm_of_processes_learns_and_its_peers_leave_gracefully(tmp_path: Path
     try:
         known, accuracy = _wait_until_learned(peers, merged_at_least=1, known=3)
         leaver = peers[3]
-        leaver_id = leaver.status()["peer_id"]
+        leaver_id = leaver.status().peer_id
         os.kill(leaver.process.pid, signal.SIGTERM)
         assert leaver.process.wait(timeout=30) == 0
         assert list((leaver.data_dir / "checkpoints").glob("checkpoint-*.pt"))
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(leaver_id in (p.status() or {}).get("peers", []) for p in peers[:3]):
+        while time.monotonic() < deadline and any(leaver_id in p.status().peers for p in peers[:3]):
             time.sleep(0.5)
-        assert all(leaver_id not in p.status()["peers"] for p in peers[:3])
+        assert all(leaver_id not in p.status().peers for p in peers[:3])
         os.kill(peers[2].process.pid, signal.SIGINT)
         assert peers[2].process.wait(timeout=30) == 0
     finally:

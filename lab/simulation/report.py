@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.simulation.config import TOPOLOGIES
+from murmur.node.averaging.outcome import Result
 
 COLORS = {
     "gossip": "tab:blue",
@@ -32,7 +33,7 @@ def _at(record: dict[str, Any], key: str, t: float) -> float | None:
 
 def _merges_per_peer_s(record: dict[str, Any]) -> float:
     duration = record["times"][-1] or 1.0
-    return record["exchanges"].get("merged", 0) / (record["config"]["peers"] * duration)
+    return record["exchanges"].get(Result.MERGED, 0) / (record["config"]["peers"] * duration)
 
 
 def fmt(value: float | None, spec: str = ".2f", missing: str = "—") -> str:

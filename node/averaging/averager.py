@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 
 from murmur.node.averaging import params
-from murmur.node.averaging.outcome import Outcome
+from murmur.node.averaging.outcome import Outcome, Result
 from murmur.node.averaging.state_sync import StateSync
 from murmur.node.learn.rules import MixDecision
 from murmur.node.learn.runtime import Runtime
@@ -58,7 +58,7 @@ class _Attempt:
     stream: ByteStream | None = None
     sent: int = 0
 
-    def outcome(self, result: str, reason: str, runtime: Runtime, remote_share: float = 0.0) -> Outcome:
+    def outcome(self, result: Result, reason: str, runtime: Runtime, remote_share: float = 0.0) -> Outcome:
         return Outcome(result, self.peer_id, reason, runtime.monotonic() - self.start, remote_share, self.sent)
 
 
@@ -97,7 +97,7 @@ class Averager:
         self.wire_dtype = check_wire_dtype(wire_dtype)  # what this node proposes when it initiates
         self.runtime = runtime
         self.in_exchange = False
-        self.outcomes: Counter[str] = Counter()
+        self.outcomes: Counter[Result] = Counter()
         self.recent: deque[Outcome] = deque(maxlen=32)
         self.bytes_sent = 0
         self.typical_exchange_s = 0.0  # moving average of this node's completed exchanges
@@ -127,27 +127,27 @@ class Averager:
             if not self.trainer.fresh:
                 continue
             outcome = await self.average_once(max_attempts)
-            if outcome.result == "merged":
+            if outcome.result == Result.MERGED:
                 self.typical_exchange_s += 0.2 * (outcome.duration_s - self.typical_exchange_s)
 
     async def average_once(self, max_attempts: int = 3) -> Outcome:
         """Try random live partners until one exchange completes or none is left."""
         tried: set[str] = set()
-        outcome = Outcome("no-partner", "", "no attempt made")
+        outcome = Outcome(Result.NO_PARTNER, "", "no attempt made")
         for _ in range(max_attempts):
             entry, reason = self.table.select_partner(self.rng, tried)
             if entry is None:
-                return Outcome("no-partner", "", reason)
+                return Outcome(Result.NO_PARTNER, "", reason)
             tried.add(entry.peer_id)
             outcome = await self.exchange_with(entry.peer_id, entry.addrs)
-            if outcome.result == "merged":
+            if outcome.result == Result.MERGED:
                 break
         return outcome
 
     async def exchange_with(self, peer_id: str, addrs: list[str]) -> Outcome:
         """Run one exchange as initiator; return how it ended (never raises, but cancels)."""
         if self.in_exchange:
-            return Outcome("busy", peer_id, "this node is already in an exchange")
+            return Outcome(Result.BUSY, peer_id, "this node is already in an exchange")
         self.in_exchange = True
         try:
             return await self._attempt(_Attempt(peer_id, self.runtime.monotonic()), self._initiate, addrs)
@@ -168,7 +168,7 @@ class Averager:
         answer = await conv.receive(Accept, Busy, Refuse)
         if isinstance(answer, (Busy, Refuse)):
             await attempt.stream.close()
-            return attempt.outcome("busy" if isinstance(answer, Busy) else "refused", answer.reason, self.runtime)
+            return attempt.outcome(Result.BUSY if isinstance(answer, Busy) else Result.REFUSED, answer.reason, self.runtime)
         assert isinstance(answer, Accept)  # for the type checker: `receive` checked it
         claimed = _Claimed(answer.work, answer.fresh if fresh is not None else None)
         return await self._merge(conv, attempt, snapshot, claimed, initiator=True)
@@ -182,7 +182,7 @@ class Averager:
         if mismatch:
             await conv.send(Refuse(mismatch))
             await attempt.stream.close()
-            return attempt.outcome("refused", mismatch, self.runtime)
+            return attempt.outcome(Result.REFUSED, mismatch, self.runtime)
         if self.in_exchange:
             await conv.send(Busy("already in an exchange"))
             await attempt.stream.close()
@@ -219,7 +219,7 @@ class Averager:
         if decision is None:
             await conv.send(Abort(f"your model was rejected: {verdict}"))
             await conv.stream.close()
-            return attempt.outcome("rejected", verdict, self.runtime)
+            return attempt.outcome(Result.REJECTED, verdict, self.runtime)
         if initiator:
             await conv.receive(Commit)  # the responder accepted our model
             await conv.send(Commit())
@@ -230,7 +230,7 @@ class Averager:
         # Shielded: once both sides committed, a cancellation must not leave half a merge.
         with anyio.CancelScope(shield=True):
             await self.runtime.run_sync(self.trainer.merge, snapshot, remote, decision.remote_share, decision.weight_after)
-        outcome = attempt.outcome("merged", decision.reason, self.runtime, decision.remote_share)
+        outcome = attempt.outcome(Result.MERGED, decision.reason, self.runtime, decision.remote_share)
         self.table.record_exchange(attempt.peer_id, outcome.bytes_sent, outcome.duration_s, self.runtime.monotonic())
         return outcome
 
@@ -243,7 +243,7 @@ class Averager:
         try:
             with anyio.fail_after(self.timeout_s):
                 outcome = await body(attempt, *args)
-            return self._record(outcome) if outcome else Outcome("busy", attempt.peer_id, "answered busy")
+            return self._record(outcome) if outcome else Outcome(Result.BUSY, attempt.peer_id, "answered busy")
         except TimeoutError:
             reason = f"timed out after {self.timeout_s:.3g}s"
         except ProtocolError as exc:
@@ -258,7 +258,7 @@ class Averager:
             raise
         if attempt.stream is not None:
             await attempt.stream.reset()
-        return self._record(attempt.outcome("failed", reason, self.runtime))
+        return self._record(attempt.outcome(Result.FAILED, reason, self.runtime))
 
     async def _offence(self, peer_id: str, reason: str) -> None:
         """Strike `peer_id`; once banned, forget it and hang up."""
@@ -319,6 +319,6 @@ class Averager:
         self.outcomes[outcome.result] += 1
         self.recent.append(outcome)
         self.bytes_sent += outcome.bytes_sent
-        level = logging.INFO if outcome.result in ("merged", "refused", "rejected") else logging.DEBUG
+        level = logging.INFO if outcome.result in (Result.MERGED, Result.REFUSED, Result.REJECTED) else logging.DEBUG
         log.log(level, "exchange with %s: %s (%s) in %.3fs", outcome.partner[-8:], outcome.result, outcome.reason, outcome.duration_s)
         return outcome

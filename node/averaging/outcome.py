@@ -3,14 +3,31 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Result(StrEnum):
+    """How an exchange or a state sync ended.
+
+    A `str` whose value is what status.json, the logs and the Prometheus `outcome` label show,
+    so a member compares, hashes and serialises as that string.
+    """
+
+    MERGED = "merged"  # an exchange: both sides merged
+    BUSY = "busy"  # an exchange: one side was already in another
+    REFUSED = "refused"  # an exchange: the responder declined (another task, too slow a link, ...)
+    REJECTED = "rejected"  # an exchange: the partner's model failed screening
+    FAILED = "failed"  # an exchange or a state sync: an error or a timeout
+    SYNCED = "synced"  # a state sync: adopted a peer's model
+    KEPT = "kept"  # a state sync: no peer was far enough ahead, the local model stays
+    NO_PARTNER = "no-partner"  # an exchange or a state sync: nobody to ask
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """How one exchange ended (merged, busy, refused, rejected, failed) or one state sync (synced, kept,
-    failed, no-partner), with the reason."""
+    """How one exchange or one state sync ended (`result`), with the reason."""
 
-    result: str
+    result: Result
     partner: str
     reason: str
     duration_s: float = 0.0

@@ -13,7 +13,7 @@ import random
 import anyio
 
 from murmur.node.averaging import params
-from murmur.node.averaging.outcome import Outcome
+from murmur.node.averaging.outcome import Outcome, Result
 from murmur.node.learn.runtime import Runtime
 from murmur.node.learn.trainer import Trainer
 from murmur.node.net.conversation import Conversation
@@ -105,22 +105,22 @@ class StateSync:
         a stale peer catches up instead of dragging its neighbours back.
         """
         tried: set[str] = set()
-        outcome = Outcome("no-partner", "", "no known peers")
+        outcome = Outcome(Result.NO_PARTNER, "", "no known peers")
         for _ in range(attempts):
             entry, reason = self.table.select_partner(self.rng, tried)
             if entry is None:
-                return outcome if tried else Outcome("no-partner", "", reason)
+                return outcome if tried else Outcome(Result.NO_PARTNER, "", reason)
             tried.add(entry.peer_id)
             start = self.runtime.monotonic()
             try:
                 state, weight = await self.fetch(entry.peer_id, entry.addrs)
             except (TimeoutError, ProtocolError, TransportError) as exc:
-                outcome = Outcome("failed", entry.peer_id, f"{type(exc).__name__}: {exc}")
+                outcome = Outcome(Result.FAILED, entry.peer_id, f"{type(exc).__name__}: {exc}")
                 continue
             if weight < behind_ratio * self.trainer.weight:
-                return Outcome("kept", entry.peer_id, f"peer's weight {weight:.0f} is not {behind_ratio:g}x ours ({self.trainer.weight:.0f})")
+                return Outcome(Result.KEPT, entry.peer_id, f"peer's weight {weight:.0f} is not {behind_ratio:g}x ours ({self.trainer.weight:.0f})")
             await self.runtime.run_sync(self.trainer.adopt, state, weight)
-            outcome = Outcome("synced", entry.peer_id, f"adopted a model of weight {weight:.0f}", self.runtime.monotonic() - start)
+            outcome = Outcome(Result.SYNCED, entry.peer_id, f"adopted a model of weight {weight:.0f}", self.runtime.monotonic() - start)
             log.info("state sync from %s: %s in %.3fs", entry.peer_id[-8:], outcome.reason, outcome.duration_s)
             return outcome
         return outcome

@@ -17,8 +17,9 @@ import ipaddress
 import json
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
@@ -26,7 +27,9 @@ from typing import Any
 import anyio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from murmur.node.averaging.outcome import Outcome, Result
 from murmur.node.ops.metrics import MetricsUnavailable
+from murmur.node.ops.node_status import NodeStatus
 from murmur.node.ops.status import _finite
 
 HISTORY_POINTS = 600  # per peer: 10 minutes at one point per second
@@ -114,8 +117,8 @@ class SwarmHistory:
 
 
 def swarm_view(
-    status: Mapping[str, Any], summaries: Mapping[str, tuple[Any, float]], history: SwarmHistory,
-    now: float, recent: Iterable[Mapping[str, Any]], traffic: Mapping[str, Mapping[str, int]],
+    status: NodeStatus, summaries: Mapping[str, tuple[Any, float]], history: SwarmHistory,
+    now: float, recent: Sequence[Outcome], traffic: Mapping[str, Mapping[str, int]],
     members: Iterable[str] = (),
 ) -> dict[str, Any]:
     """The swarm as this node knows it, as JSON-ready data; also records one history point per peer.
@@ -127,13 +130,12 @@ def swarm_view(
     and protocol. History values are rounded to 5 significant digits (the page draws
     them; the answer stays small).
     """
-    me = status["peer_id"]
-    evaluation = status.get("eval") or {}
-    metric, metric_value = next(iter(evaluation.items()), ("", None))
+    me = status.peer_id
+    metric, metric_value = next(iter(status.eval.items()), ("", None))
     own = {
-        "peer_id": me, "self": True, "task": status.get("task", ""), "samples_per_s": status.get("samples_per_s", 0.0),
-        "metric": metric, "metric_value": metric_value, "loss": status.get("loss"), "work": status.get("weight", 0.0),
-        "phase": status.get("phase", ""), "idle": max(0.0, 1.0 - (status.get("compute_fraction") or 0.0)),
+        "peer_id": me, "self": True, "task": status.task, "samples_per_s": status.samples_per_s,
+        "metric": metric, "metric_value": metric_value, "loss": status.loss, "work": status.work,
+        "phase": status.phase, "idle": max(0.0, 1.0 - status.compute_fraction),
         "partners": recent_partners(recent), "age_s": 0.0,
     }  # fmt: skip
     peers = [own]
@@ -142,21 +144,21 @@ def swarm_view(
                       "_seen": seen})
     for peer_id in sorted(set(members) - set(summaries) - {me}):
         peers.append({"peer_id": peer_id, "self": False, **_NO_SUMMARY, "age_s": None})
-    t = status.get("t", 0.0)
+    t = status.t
     for peer in peers:
         if not peer["self"] and peer["age_s"] is None:
             continue  # nothing known to draw
         point = {"t": round(t, 2), "loss": _round(peer["loss"]), "metric": _round(peer["metric_value"]),
                  "samples_per_s": _round(peer["samples_per_s"]), "idle": _round(peer["idle"])}
         if peer["self"]:
-            point.update(bytes_in=status.get("bytes_in", 0), bytes_out=status.get("bytes_out", 0))
+            point.update(bytes_in=status.bytes_in, bytes_out=status.bytes_out)
         # A peer's point only when a new summary came: the same summary twice would draw a flat line.
         history.record(peer["peer_id"], point, peer.pop("_seen", None))
     history.keep_only(p["peer_id"] for p in peers)
     edges = sorted({tuple(sorted((p["peer_id"], partner))) for p in peers for partner in p["partners"]})
     return _finite({
         "self": me, "t": t, "metric": metric, "peers": peers, "history": history.series(),
-        "exchanges": [dict(o) for o in recent][-20:], "edges": [list(e) for e in edges],
+        "exchanges": [asdict(o) for o in recent][-20:], "edges": [list(e) for e in edges],
         "traffic": {"in": dict(traffic.get("in", {})), "out": dict(traffic.get("out", {}))},
     })  # fmt: skip
 
@@ -169,14 +171,14 @@ def _round(value: float | None) -> float | None:
     return None if value is None else float(f"{value:.5g}")
 
 
-def recent_partners(recent: Iterable[Mapping[str, Any]], limit: int = 8) -> list[str]:
-    """The distinct partners of the latest merged exchanges, newest last, at most `limit`."""
+def recent_partners(recent: Iterable[Outcome], limit: int = 8) -> list[str]:
+    """The distinct partners of the latest merged exchanges (`recent` oldest first), newest last, at most `limit`."""
     partners: list[str] = []
     for outcome in recent:
-        if outcome.get("result") == "merged" and outcome.get("partner"):
-            if outcome["partner"] in partners:
-                partners.remove(outcome["partner"])
-            partners.append(outcome["partner"])
+        if outcome.result == Result.MERGED and outcome.partner:
+            if outcome.partner in partners:
+                partners.remove(outcome.partner)
+            partners.append(outcome.partner)
     return partners[-limit:]
 
 
@@ -199,9 +201,9 @@ class DashboardState:
         self.registry = registry
         self._documents: dict[str, bytes] = {"/api/status": b"{}", "/api/swarm": b"{}"}
 
-    def publish(self, status: Mapping[str, Any], swarm: Mapping[str, Any]) -> None:
+    def publish(self, status: NodeStatus, swarm: Mapping[str, Any]) -> None:
         self._documents = {
-            "/api/status": json.dumps(_finite(dict(status)), allow_nan=False).encode(),
+            "/api/status": json.dumps(_finite(status.to_dict()), allow_nan=False).encode(),
             "/api/swarm": json.dumps(swarm, allow_nan=False).encode(),
         }
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, Info
@@ -21,6 +21,7 @@ from murmur.node.net.transport import READ_CHUNK, ByteStream, ForwardingStream, 
 if TYPE_CHECKING:
     from murmur.node.averaging.outcome import Outcome
     from murmur.node.net.transport import Transport
+    from murmur.node.ops.node_status import NodeStatus
 
 # Exchanges take milliseconds on loopback and up to the exchange timeout (10 s default) when a partner stalls.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -123,21 +124,21 @@ class NodeMetrics:
         counter.inc(max(0.0, total - self._seen.get(key, 0.0)))
         self._seen[key] = max(total, self._seen.get(key, 0.0))
 
-    def update(self, status: Mapping[str, Any], recent: Sequence[Outcome], traffic: Traffic) -> None:
+    def update(self, status: NodeStatus, recent: Sequence[Outcome], traffic: Traffic) -> None:
         """Bring every metric up to date with the node's `status()`, its recent exchanges and traffic.
 
         `recent` are the latest outcomes in order (the averager keeps 32): the exchanges
         counted since the previous update are the newest ones of it, and their durations
         are observed. More than 32 exchanges between two updates lose the oldest durations.
         """
-        self._advance(self.samples, ("samples",), status["samples"])
-        self.samples_per_s.set(status["samples_per_s"])
-        self.loss.set(status["loss"] if status["loss"] is not None else math.nan)
-        for name, value in (status.get("eval") or {}).items():
+        self._advance(self.samples, ("samples",), status.samples)
+        self.samples_per_s.set(status.samples_per_s)
+        self.loss.set(status.loss if status.loss is not None else math.nan)
+        for name, value in status.eval.items():
             self.eval.labels(name).set(value)
-        for outcome, total in status["exchanges"].items():
+        for outcome, total in status.exchanges.items():
             self._advance(self.exchanges.labels(outcome), ("exchanges", outcome), total)
-        total = sum(status["exchanges"].values())
+        total = sum(status.exchanges.values())
         fresh = list(recent)[len(recent) - min(len(recent), total - self._exchanges_seen) :]
         self._exchanges_seen = total
         for outcome in fresh:
@@ -146,14 +147,14 @@ class NodeMetrics:
             self._advance(self.received.labels(protocol), ("received", protocol), count)
         for protocol, count in traffic.sent.items():
             self._advance(self.sent.labels(protocol), ("sent", protocol), count)
-        self.known_peers.set(status["known_peers"])
-        self.weight.set(status["weight"])
-        if status.get("partner_distance") is not None:
-            self.distance.set(status["partner_distance"])
+        self.known_peers.set(status.known_peers)
+        self.weight.set(status.work)
+        if status.partner_distance is not None:
+            self.distance.set(status.partner_distance)
+        network = status.network
         for state in ("public", "private", "unknown"):
-            self.reachability.labels(state).set(1 if status.get("reachability", "unknown") == state else 0)
-        kinds = list(status.get("connections", {}).values())
+            self.reachability.labels(state).set(1 if network.reachability == state else 0)
+        kinds = list(network.connections.values())
         for kind in ("direct", "relayed"):
             self.connections.labels(kind).set(kinds.count(kind))
-        self._advance(self.relayed, ("relayed",), status.get("relayed_bytes", 0))
-
+        self._advance(self.relayed, ("relayed",), network.relayed_bytes)

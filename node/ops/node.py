@@ -17,7 +17,6 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import asdict
 from pathlib import Path
 
 import anyio
@@ -25,7 +24,7 @@ import torch
 from libp2p.crypto.keys import KeyPair
 
 from murmur.node.averaging.factory import build_averager
-from murmur.node.averaging.outcome import Outcome
+from murmur.node.averaging.outcome import Outcome, Result
 from murmur.node.learn.checkpoint import load_latest, save_checkpoint
 from murmur.node.learn.device import describe, resolve_device
 from murmur.node.learn.rules import MergeRule, make_rule
@@ -49,6 +48,7 @@ from murmur.node.ops.dashboard import (
     swarm_view,
 )
 from murmur.node.ops.metrics import CountingTransport, NodeMetrics, Traffic
+from murmur.node.ops.node_status import NetworkStatus, NodeStatus
 from murmur.node.ops.status import STATUS_FILE
 from murmur.protocol.messages import PeerSummary
 
@@ -73,7 +73,7 @@ class Node:
         user_loop: Callable[[MergeRule], UserLoopTrainer] | None = None,
     ) -> None:
         """`listen_addresses` gives the real listen addresses when they differ from `transport.addresses()`;
-        `network_info` the transport's reachability and connection kinds for status (`Libp2pTransport.network_info`).
+        `network_info` the transport's reachability and connections for status, as `NetworkStatus` fields (`Libp2pTransport.network_info`).
 
         `user_loop` (from `murmur.Peer`) builds the trainer of a model that the user's own loop steps:
         the node then runs no training loop, and a checkpoint of another model raises `ModelMismatch`
@@ -81,7 +81,7 @@ class Node:
         """
         self.config = config
         self._listen_addresses = listen_addresses or transport.addresses
-        self._network_info = network_info or (lambda: {"reachability": "unknown", "connections": {}})
+        self._network_info = network_info or dict  # no NAT traversal: `NetworkStatus`'s defaults
         self.traffic = Traffic()
         transport = CountingTransport(transport, self.traffic)  # counts every protocol's bytes, for metrics
         self.transport = transport
@@ -179,7 +179,7 @@ class Node:
             if cfg.sync_state:
                 ratio = cfg.catch_up_ratio if self.resumed_from else 0.0
                 outcome = self.sync_outcome = await self.averager.state_sync.sync_from_swarm(behind_ratio=ratio)
-                if outcome.result != "synced":
+                if outcome.result != Result.SYNCED:
                     log.info("no state sync (%s): training from the %s model", outcome.reason, "resumed" if self.resumed_from else "initial")
         async with anyio.create_task_group() as tg:
             tg.start_soon(self.membership.run, cfg.bootstrap, cfg.gossip_every)
@@ -208,7 +208,7 @@ class Node:
         self.last_eval = evaluation.metrics
         # Stamped when the model was copied: an evaluation on a busy machine may finish much later.
         record = {"t": evaluation.t, "samples": evaluation.samples, "weight": evaluation.weight, **evaluation.metrics,
-                  "exchanges": self.averager.outcomes["merged"]}
+                  "exchanges": self.averager.outcomes[Result.MERGED]}
         with self._metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
         if self.config.record_params:
@@ -246,7 +246,7 @@ class Node:
             if self.dashboard_url is not None:
                 swarm = swarm_view(
                     status, self.membership.summaries(), self.history, self.membership.clock(),
-                    [asdict(o) for o in self.averager.recent],
+                    list(self.averager.recent),
                     {"in": self.traffic.received, "out": self.traffic.sent}, self.table.members,
                 )  # fmt: skip
                 self.dashboard.publish(status, swarm)
@@ -268,40 +268,26 @@ class Node:
             print(f"murmur: dashboard at {url}", flush=True)
             yield
 
-    def status(self) -> dict:
+    def status(self) -> NodeStatus:
+        """This node's state now: what `write_status` writes to status.json."""
         now = time.monotonic()
         elapsed = self.stats.elapsed(now)
-        merged = [o for o in self.averager.recent if o.result == "merged"]
-        return {
-            "peer_id": self.peer_id,
-            "addrs": self.transport.addresses(),
-            "task": self.trainer.task.name,
-            "device": str(self.trainer.device),
-            "t": time.time(),
-            "phase": self.phase,
-            "uptime_s": elapsed,
-            "samples": self.trainer.samples,
-            "samples_per_s": self.trainer.samples / elapsed if elapsed else 0.0,
-            "weight": self.trainer.weight,
-            "loss": self.trainer.last_loss,
-            "eval": self.last_eval,
-            "exchanges": dict(self.averager.outcomes),
-            "recent_exchanges": [asdict(o) for o in list(self.averager.recent)[-8:]],
-            "mean_exchange_s": sum(o.duration_s for o in merged) / len(merged) if merged else None,
-            "bytes_sent": self.averager.bytes_sent,
-            "known_peers": len(self.table.members),
-            "peers": sorted(self.table.members),
-            "compute_fraction": self.stats.compute_fraction(now),
-            "eval_fraction": self.stats.eval_s / elapsed if elapsed else 0.0,
-            "pid": os.getpid(),
-            "status_interval": STATUS_INTERVAL,
-            "bytes_in": sum(self.traffic.received.values()),  # all Murmur streams, not only parameters
-            "bytes_out": sum(self.traffic.sent.values()),
-            "partner_distance": self.averager.last_partner_distance,
-            "metrics_url": self.metrics_url,
-            **self._network_info(),  # "reachability", "connections" (peer -> "direct" | "relayed"), ...
-            "dashboard_url": self.dashboard_url,
-        }
+        merged = [o for o in self.averager.recent if o.result == Result.MERGED]
+        return NodeStatus(
+            peer_id=self.peer_id, addrs=tuple(self.transport.addresses()), task=self.trainer.task.name,
+            device=str(self.trainer.device), t=time.time(), phase=self.phase, uptime_s=elapsed,
+            samples=self.trainer.samples, samples_per_s=self.trainer.samples / elapsed if elapsed else 0.0,
+            work=self.trainer.weight,
+            loss=self.trainer.last_loss, eval=dict(self.last_eval),
+            exchanges=dict(self.averager.outcomes), recent_exchanges=tuple(list(self.averager.recent)[-8:]),
+            mean_exchange_s=sum(o.duration_s for o in merged) / len(merged) if merged else None,
+            bytes_sent=self.averager.bytes_sent, known_peers=len(self.table.members), peers=tuple(sorted(self.table.members)),
+            compute_fraction=self.stats.compute_fraction(now), eval_fraction=self.stats.eval_s / elapsed if elapsed else 0.0,
+            pid=os.getpid(), status_interval=STATUS_INTERVAL,
+            bytes_in=sum(self.traffic.received.values()), bytes_out=sum(self.traffic.sent.values()),
+            partner_distance=self.averager.last_partner_distance, metrics_url=self.metrics_url,
+            dashboard_url=self.dashboard_url, network=NetworkStatus(**self._network_info()),
+        )  # fmt: skip
 
     def summary(self) -> PeerSummary:
         """What this node tells its peers about itself in each hello (shown on their dashboards)."""
@@ -313,13 +299,13 @@ class Node:
             task=self.trainer.task.name[:64], samples_per_s=self.trainer.samples / elapsed if elapsed else 0.0,
             metric=metric[:32], metric_value=_finite_or_none(value), loss=_finite_or_none(loss),
             work=min(float(self.trainer.weight), 1e15), phase=self.phase[:16],
-            idle=min(1.0, max(0.0, 1.0 - self.stats.compute_fraction(now))), partners=recent_partners(asdict(o) for o in self.averager.recent),
+            idle=min(1.0, max(0.0, 1.0 - self.stats.compute_fraction(now))), partners=recent_partners(self.averager.recent),
         )  # fmt: skip
 
-    def write_status(self) -> dict:
+    def write_status(self) -> NodeStatus:
         """Write `status()` to the data dir's status.json (atomically) and return it."""
         status = self.status()
-        _write_atomic(self.config.data_dir / STATUS_FILE, json.dumps(status, indent=1))
+        _write_atomic(self.config.data_dir / STATUS_FILE, status.to_json())
         return status
 
 

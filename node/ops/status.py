@@ -20,6 +20,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from murmur.node.ops.node_status import NodeStatus, NotAStatus
+
 STATUS_FILE = "status.json"  # written by murmur.node.ops.node (which imports it from here: this module stays torch-free)
 MAX_STALENESS_S = 30.0
 
@@ -33,20 +35,17 @@ def default_data_dir(environ: Mapping[str, str] = os.environ) -> Path:
     return Path(environ.get("MURMUR_DATA_DIR", "~/.murmur")).expanduser()
 
 
-def load_status(data_dir: Path) -> dict[str, Any]:
+def load_status(data_dir: Path) -> NodeStatus:
     """The node's last status; raises `StatusUnavailable` if the file is missing, unreadable or not a status."""
     path = data_dir / STATUS_FILE
     try:
-        status = json.loads(path.read_text())
+        return NodeStatus.from_json(path.read_text())
     except FileNotFoundError:
         raise StatusUnavailable(f"no status file at {path}: is a node running with --data-dir {data_dir}?") from None
     except OSError as exc:
         raise StatusUnavailable(f"cannot read {path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise StatusUnavailable(f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(status, dict) or not isinstance(status.get("t"), int | float):
-        raise StatusUnavailable(f"{path} is not a Murmur status file (no timestamp)")
-    return status
+    except NotAStatus as exc:
+        raise StatusUnavailable(f"{path} is {exc}") from None
 
 
 def pid_alive(pid: int) -> bool:
@@ -60,18 +59,17 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def unhealthy_reason(status: dict[str, Any], now: float, alive: bool | None = None) -> str | None:
+def unhealthy_reason(status: NodeStatus, now: float, alive: bool | None = None) -> str | None:
     """Why the node that wrote `status` is not healthy at Unix time `now`, or None if it is.
 
     Healthy: the status was written within 3 write intervals (at most 30 s) and its
     process is alive (`alive`, or checked by PID when None).
     """
-    interval = float(status.get("status_interval") or 1.0)
-    limit = min(3 * interval, MAX_STALENESS_S)
-    age = now - float(status["t"])
-    pid = status.get("pid")
+    limit = min(3 * status.status_interval, MAX_STALENESS_S)
+    age = now - status.t
+    pid = status.pid
     if alive is None:
-        alive = isinstance(pid, int) and pid_alive(pid)
+        alive = pid_alive(pid)
     if not alive:
         return f"node process {pid} is not running (status last written {age:.0f}s ago)"
     if age > limit:
@@ -106,52 +104,43 @@ def _bytes(n: Any) -> str:
     return f"{n / 1024:.1f} GiB"
 
 
-def render(status: dict[str, Any], now: float, console: Console) -> None:
+def render(status: NodeStatus, now: float, console: Console) -> None:
     """Print `status` as a summary table, the exchange counts and the recent exchanges."""
     reason = unhealthy_reason(status, now)
     summary = Table(show_header=False, box=None, pad_edge=False)
     summary.add_column(style="bold")
     summary.add_column()
-    summary.add_row("peer ID", str(status.get("peer_id", "?")))
+    summary.add_row("peer ID", status.peer_id)
     summary.add_row(
         "state",
-        f"[red]{reason}[/red]"
-        if reason
-        else f"[green]running[/green] (pid {status.get('pid')}, updated {now - status['t']:.1f}s ago)",
+        f"[red]{reason}[/red]" if reason else f"[green]running[/green] (pid {status.pid}, updated {now - status.t:.1f}s ago)",
     )
-    summary.add_row("addresses", "\n".join(status.get("addrs") or []) or "—")
-    summary.add_row("task", f"{status.get('task', '?')} on {status.get('device', '?')}")
-    summary.add_row("samples/s", f"{_num(status.get('samples_per_s'), '.0f')} ({status.get('samples', 0)} samples)")
-    evaluation = ", ".join(f"{k} {_num(v)}" for k, v in (status.get("eval") or {}).items())
-    summary.add_row("loss", f"{_num(status.get('loss'))}" + (f" · held-out {evaluation}" if evaluation else ""))
-    summary.add_row("work weight", _num(status.get("weight"), ".0f"))
-    summary.add_row("known peers", str(status.get("known_peers", 0)))
-    if "reachability" in status:
-        kinds = list((status.get("connections") or {}).values())
-        summary.add_row("reachability", f"{status['reachability']} · connections: {kinds.count('direct')} direct, "
-                                        f"{kinds.count('relayed')} relayed")
-    exchanges = status.get("exchanges") or {}
-    summary.add_row("exchanges", ", ".join(f"{k} {v}" for k, v in sorted(exchanges.items())) or "none yet")
-    summary.add_row("partner distance", _num(status.get("partner_distance")))
-    summary.add_row("traffic", f"in {_bytes(status.get('bytes_in'))} · out {_bytes(status.get('bytes_out'))}")
-    if status.get("metrics_url"):
-        summary.add_row("metrics", status["metrics_url"])
-    if status.get("dashboard_url"):
-        summary.add_row("dashboard", status["dashboard_url"])
+    summary.add_row("addresses", "\n".join(status.addrs) or "—")
+    summary.add_row("task", f"{status.task} on {status.device}")
+    summary.add_row("samples/s", f"{_num(status.samples_per_s, '.0f')} ({status.samples} samples)")
+    evaluation = ", ".join(f"{k} {_num(v)}" for k, v in status.eval.items())
+    summary.add_row("loss", f"{_num(status.loss)}" + (f" · held-out {evaluation}" if evaluation else ""))
+    summary.add_row("work weight", _num(status.work, ".0f"))
+    summary.add_row("known peers", str(status.known_peers))
+    network = status.network
+    kinds = list(network.connections.values())
+    summary.add_row("reachability", f"{network.reachability} · connections: {kinds.count('direct')} direct, "
+                                    f"{kinds.count('relayed')} relayed")
+    summary.add_row("exchanges", ", ".join(f"{k} {v}" for k, v in sorted(status.exchanges.items())) or "none yet")
+    summary.add_row("partner distance", _num(status.partner_distance))
+    summary.add_row("traffic", f"in {_bytes(status.bytes_in)} · out {_bytes(status.bytes_out)}")
+    if status.metrics_url:
+        summary.add_row("metrics", status.metrics_url)
+    if status.dashboard_url:
+        summary.add_row("dashboard", status.dashboard_url)
     console.print(summary)
-    recent = status.get("recent_exchanges") or []
-    if recent:
+    if status.recent_exchanges:
         table = Table(title="recent exchanges (newest first)", title_justify="left")
         for column in ("partner", "outcome", "reason", "duration"):
             table.add_column(column, overflow="fold")
-        for ex in reversed(recent):
-            partner = ex.get("partner") or "—"
-            table.add_row(
-                f"…{partner[-8:]}" if len(partner) > 8 else partner,
-                ex.get("result", "?"),
-                ex.get("reason", ""),
-                f"{ex.get('duration_s', 0.0):.3f}s",
-            )
+        for ex in reversed(status.recent_exchanges):
+            partner = ex.partner or "—"
+            table.add_row(f"…{partner[-8:]}" if len(partner) > 8 else partner, ex.result, ex.reason, f"{ex.duration_s:.3f}s")
         console.print(table)
 
 
@@ -187,7 +176,7 @@ def main(argv: list[str]) -> int:
         print(f"unhealthy: {reason}" if reason else "healthy")
         return 1 if reason else 0
     if args.json:
-        print(json.dumps(_finite(status), indent=1, allow_nan=False))
+        print(json.dumps(_finite(status.to_dict()), indent=1, allow_nan=False))
         return 0
     render(status, now, Console())
     return 0

@@ -42,7 +42,7 @@ from murmur.node.learn.tensors import OPTIMIZER_PREFIX
 
 # κ: how much of the share follows the fresh work (see the module docstring). The event-time lab
 # (charlm, 4 peers at speeds 1,1,2,4, periods 10/25/50) measured κ = 1 at or below κ = 0.5 and 0
-# in final loss, the gain growing with the period: docs/stale-README-section.md.
+# in final loss, the gain growing with the period: docs/history/2026-12-04-outer-staleness.md.
 DISCOUNT = 1.0
 
 

@@ -1,0 +1,97 @@
+"""`NodeStatus`: status.json written by `to_json`, read back by `from_json`, and refused when it is not a status."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+from status_example import EXAMPLE, example_status
+
+from murmur.node.averaging.outcome import Result
+from murmur.node.ops.node_status import NetworkStatus, NodeStatus, NotAStatus
+
+# Keys that `murmur status`, its --health check, the lab and scripts read from status.json.
+INTERFACE_KEYS = {
+    "peer_id", "addrs", "task", "device", "t", "phase", "uptime_s", "samples", "samples_per_s", "weight", "loss", "eval",
+    "exchanges", "recent_exchanges", "mean_exchange_s", "bytes_sent", "known_peers", "peers", "compute_fraction",
+    "eval_fraction", "pid", "status_interval", "bytes_in", "bytes_out", "partner_distance", "metrics_url",
+    "dashboard_url", "reachability", "reachability_reason", "connections", "relayed_via", "relays", "hole_punched",
+    "relayed_bytes",
+}  # fmt: skip
+
+
+def test_a_status_survives_its_json_round_trip() -> None:
+    assert NodeStatus.from_json(EXAMPLE.to_json()) == EXAMPLE
+
+
+def test_status_json_keeps_its_keys_and_adds_work() -> None:
+    doc = json.loads(EXAMPLE.to_json())
+    assert set(doc) == INTERFACE_KEYS | {"work"}
+    assert doc["weight"] == doc["work"] == 640.0
+    assert doc["exchanges"] == {"merged": 1, "busy": 1}
+    assert doc["recent_exchanges"][0] == {"result": "merged", "partner": "peerA", "reason": EXAMPLE.recent_exchanges[0].reason,
+                                          "duration_s": 0.01, "remote_share": 0.5, "bytes_sent": 4096}  # fmt: skip
+    assert doc["connections"] == {"peerA": "direct", "peerB": "relayed"} and doc["relays"] == list(EXAMPLE.network.relays)
+
+
+def test_outcomes_read_back_as_result_members() -> None:
+    status = NodeStatus.from_json(EXAMPLE.to_json())
+    assert [o.result for o in status.recent_exchanges] == [Result.MERGED, Result.BUSY]
+    assert all(isinstance(o.result, Result) for o in status.recent_exchanges)
+    assert status.exchanges.get(Result.MERGED, 0) == 1
+
+
+def test_nan_before_the_first_step_and_absent_values_round_trip() -> None:
+    before = example_status(loss=math.nan, eval={}, partner_distance=None, mean_exchange_s=None, recent_exchanges=())
+    again = NodeStatus.from_json(before.to_json())
+    assert math.isnan(again.loss) and again.partner_distance is None and again.recent_exchanges == ()
+
+
+def test_work_is_read_from_weight_when_work_is_absent() -> None:
+    doc = json.loads(EXAMPLE.to_json())
+    del doc["work"]
+    doc["weight"] = 99.0
+    assert NodeStatus.from_json(json.dumps(doc)).work == 99.0
+
+
+def test_a_transport_without_nat_traversal_reports_the_default_network() -> None:
+    doc = json.loads(EXAMPLE.to_json())
+    for key in (f.name for f in dataclasses.fields(NetworkStatus)):
+        del doc[key]
+    assert NodeStatus.from_json(json.dumps(doc)).network == NetworkStatus()
+
+
+def _without(key: str) -> str:
+    doc = json.loads(EXAMPLE.to_json())
+    del doc[key]
+    return json.dumps(doc)
+
+
+def _with(key: str, value: object) -> str:
+    return json.dumps({**json.loads(EXAMPLE.to_json()), key: value})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        ('["a list"]', "not a Murmur status file: a JSON list"),
+        ('{"peer_id": "x"}', "not a Murmur status file: no"),
+        (_without("t"), "no 't'"),
+        (_with("t", "yesterday"), "'t' is 'yesterday', not float"),
+        (_with("samples", True), "'samples' is True, not int"),
+        (_with("addrs", "/ip4/1.2.3.4"), "'addrs' is '/ip4/1.2.3.4'"),
+        (_with("reachability", 3), "'reachability' is 3, not str"),
+        (_with("recent_exchanges", [{"result": "exploded", "partner": "", "reason": ""}]), "'result' is 'exploded'"),
+    ],
+)
+def test_anything_else_is_not_a_status(text: str, message: str) -> None:
+    with pytest.raises(NotAStatus, match=message):
+        NodeStatus.from_json(text)
+
+
+def test_a_status_is_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        EXAMPLE.samples = 0  # type: ignore[misc]
