@@ -2,7 +2,7 @@
 
 The wall-clock benchmark (`murmur bench`) mixes two things: how fast peers process
 samples and how much each sample teaches. This lab isolates the second, exactly and
-repeatably. N real `Trainer`s (the node's own step, merge rules and merge code) step at
+repeatably. N real `TrainingLoop`s (the node's own step, merge rules and merge code) step at
 their emulated speeds on an event-time grid; every `period` (in steps of the fastest
 peer) each peer merges with a random partner, as `Averager` would, instantly and
 without a network. Synchronous data parallelism is one model stepping on all ranks'
@@ -36,10 +36,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from murmur.node.learn.loop import TrainingLoop
+from murmur.node.learn.replica import Snapshot
 from murmur.node.learn.rules import DISCOUNT, make_rule
 from murmur.node.learn.step import scale_learning_rate, train_step
 from murmur.node.learn.tasks import Task
-from murmur.node.learn.trainer import Snapshot, Trainer
 from murmur.node.learn.weight_average import WeightAverage
 
 
@@ -111,12 +112,12 @@ def run_diloco(
 ) -> Curve:
     """Synchronous DiLoCo: `peers` replicas each take H local steps, then one outer Nesterov step
     on their mean pseudo-gradient (anchor − replica), as torchft's DiLoCo does with `SGD(nesterov=True)`."""
-    replicas = [Trainer(task, shard=1000 * seed + i, ema_decay=ema_decay) for i in range(peers)]
+    replicas = [TrainingLoop(task, shard=1000 * seed + i, ema_decay=ema_decay) for i in range(peers)]
     for trainer in replicas[1:]:
-        trainer.model.load_state_dict(replicas[0].model.state_dict())
+        trainer.replica.model.load_state_dict(replicas[0].replica.model.state_dict())
     for trainer in replicas:
-        scale_learning_rate(trainer.optimizer, variant.lr_scale)
-    anchor = [p.detach().clone().requires_grad_(True) for p in replicas[0].model.parameters()]
+        scale_learning_rate(trainer.replica.optimizer, variant.lr_scale)
+    anchor = [p.detach().clone().requires_grad_(True) for p in replicas[0].replica.model.parameters()]
     outer = torch.optim.SGD(anchor, lr=variant.outer_lr, momentum=variant.outer_momentum, nesterov=variant.outer_momentum > 0)
     curve, done, next_eval = Curve(), 0, eval_every
     while done < samples:
@@ -126,12 +127,12 @@ def run_diloco(
         done += peers * variant.local_steps * task.batch_size
         with torch.no_grad():
             for k, a in enumerate(anchor):
-                a.grad = a - torch.stack([list(t.model.parameters())[k] for t in replicas]).mean(0)
+                a.grad = a - torch.stack([list(t.replica.model.parameters())[k] for t in replicas]).mean(0)
             outer.step()
             for trainer in replicas:
-                for p, a in zip(trainer.model.parameters(), anchor):
+                for p, a in zip(trainer.replica.model.parameters(), anchor):
                     p.copy_(a)
-                trainer.average.update(trainer.model)  # the synced model is this replica's next point
+                trainer.replica.average.update(trainer.replica.model)  # the synced model is this replica's next point
         if done >= next_eval or done >= samples:
             curve.samples.append(done)
             curve.metric.append(replicas[0].evaluate().metrics[task.metric.name])
@@ -139,15 +140,15 @@ def run_diloco(
     return curve
 
 
-def _merge(a: Trainer, b: Trainer, adam: str, snapshots: tuple[Snapshot, Snapshot] | None = None) -> None:
+def _merge(a: TrainingLoop, b: TrainingLoop, adam: str, snapshots: tuple[Snapshot, Snapshot] | None = None) -> None:
     """Both sides of one exchange, as two averagers would apply it (no screening: honest peers),
     from `snapshots` taken when it began (default: now)."""
-    snap_a, snap_b = snapshots or (a.snapshot(), b.snapshot())
+    snap_a, snap_b = snapshots or (a.replica.snapshot(), b.replica.snapshot())
     for trainer, local, remote in ((a, snap_a, snap_b), (b, snap_b, snap_a)):
-        decision = trainer.rule.decide(local.weight, remote.weight, (local.fresh, remote.fresh))
-        trainer.merge(local, remote.state, decision.remote_share, decision.weight_after)
+        decision = trainer.replica.rule.decide(local.work, remote.work, (local.fresh, remote.fresh))
+        trainer.replica.merge(local, remote.state, decision.remote_share, decision.work_after)
         if adam == "reset":
-            trainer.optimizer.state.clear()
+            trainer.replica.optimizer.state.clear()
 
 
 def run_gossip(
@@ -170,8 +171,8 @@ def run_gossip(
         )
         if variant.adam in ("avg", "avg1"):  # what `optimizer_state` travels with the model
             rule.optimizer_state = ("exp_avg", "exp_avg_sq") if variant.adam == "avg" else ("exp_avg",)
-        trainer = Trainer(task, shard=1000 * seed + i, rule=rule, ema_decay=ema_decay)
-        scale_learning_rate(trainer.optimizer, variant.lr_scale)
+        trainer = TrainingLoop(task, shard=1000 * seed + i, rule=rule, ema_decay=ema_decay)
+        scale_learning_rate(trainer.replica.optimizer, variant.lr_scale)
         trainers.append(trainer)
     fastest = min(slowdowns)
     # (time, kind, peer, merge): kind 0 = a step ends, 1 = the peer starts a merge, 2 = its merge (partner,
@@ -194,7 +195,7 @@ def run_gossip(
                 _merge(trainers[i], trainers[partner], variant.adam)
             elif not in_merge & {i, partner}:
                 in_merge |= {i, partner}
-                heapq.heappush(events, (t + lag, 2, i, (partner, (trainers[i].snapshot(), trainers[partner].snapshot()))))
+                heapq.heappush(events, (t + lag, 2, i, (partner, (trainers[i].replica.snapshot(), trainers[partner].replica.snapshot()))))
         else:
             partner, snapshots = merge
             _merge(trainers[i], trainers[partner], variant.adam, snapshots)

@@ -48,7 +48,8 @@ class Peer:
 
 
 def murmur_command() -> list[str]:
-    return [sys.executable, "-m", "murmur.node.cli"]
+    """The command a local peer runs: `murmur run` with the lab's hooks (`lab.peer`), so its flags are `murmur run`'s plus the lab's."""
+    return [sys.executable, "-m", "lab.peer"]
 
 
 CHECKOUT = Path(__file__).resolve().parents[1]
@@ -111,12 +112,12 @@ class ForkedProcess:
 
 
 class ForkedPeer(ForkedProcess):
-    """`murmur run ARGV` as a `ForkedProcess`: the command's own code (`murmur.node.ops.run.main`), like `start_peer`'s peers."""
+    """`python -m lab.peer ARGV` (`murmur run` with the lab's flags) as a `ForkedProcess`, like `start_peer`'s peers."""
 
     def __init__(self, argv: list[str], log_path: Path, netns: str | None = None) -> None:
-        if argv[:1] != ["run"]:
+        if "run" not in argv:
             raise ValueError(f"a forked peer runs `murmur run`, not {argv[:1]}")
-        super().__init__(_murmur_run, (argv[1:],), log_path, netns, name="murmur-run")
+        super().__init__(_murmur_run, (argv,), log_path, netns, name="murmur-run")
 
 
 def _in_own_session(target: Callable[..., object], args: tuple, log_path: str, netns: str | None) -> None:
@@ -135,10 +136,11 @@ def _in_own_session(target: Callable[..., object], args: tuple, log_path: str, n
 
 
 def _murmur_run(args: list[str]) -> None:
+    from lab import peer
     from murmur.node.ops import run
 
     with run.quiet_stop_signals():
-        code = run.main(args)
+        code = peer.main(args)
     run.exit_now(code)
 
 

@@ -28,7 +28,7 @@ async def test_a_newcomer_adopts_a_live_peers_model_by_state_sync() -> None:
         outcome = await newcomer.averager.state_sync.sync_from_swarm()
         assert (outcome.result, outcome.reason) == ("synced", f"adopted a model of weight {5 * BATCH}")
         assert_state_close(newcomer.state(), veteran.state())
-        assert newcomer.trainer.weight == veteran.trainer.weight == 5 * BATCH
+        assert newcomer.replica.work == veteran.replica.work == 5 * BATCH
 
 
 async def test_a_resumed_peer_far_behind_catches_up_but_a_current_one_keeps_its_model() -> None:
@@ -45,7 +45,7 @@ async def test_a_resumed_peer_far_behind_catches_up_but_a_current_one_keeps_its_
         assert_state_close(stale.state(), veteran.state())
         assert (kept.result, kept.reason) == ("kept", "peer's weight 320 is not 2x ours (256)")
         assert_state_close(current.state(), before)
-        assert current.trainer.weight == 256
+        assert current.replica.work == 256
 
 
 async def test_state_sync_is_refused_across_runs_and_a_stalled_peer_times_out() -> None:
@@ -67,4 +67,4 @@ async def test_state_sync_is_refused_across_runs_and_a_stalled_peer_times_out() 
         assert stalled.result == "failed" and stalled.reason.startswith("TimeoutError")
         assert anyio.current_time() == pytest.approx(TIMEOUT)
         assert_state_close(newcomer.state(), before)
-        assert newcomer.trainer.weight == 0
+        assert newcomer.replica.work == 0

@@ -1,11 +1,11 @@
 """The gossip simulation: a swarm of real averagers over simulated links, in simulated time.
 
-Each peer is a `Trainer` and the `Averager` that `build_averager` wires for it (merge
+Each peer is a `TrainingLoop` and the `Averager` that `build_averager` wires for it (merge
 rule, screening, work claims, the sans-IO exchange and tensor codec, state sync for
 newcomers), given `Runtime.simulated()`: the event loop's clock, and torch work run
 inline so that it takes no simulated time. Its partners come from the topology under
 test (`TopologyTable`). Training is the simulated device: sleep the step's simulated
-compute time, then take the real torch step (`Trainer.step`), so the update lands
+compute time, then take the real torch step (`TrainingLoop.step`), so the update lands
 when the device would have finished it.
 """
 
@@ -28,9 +28,9 @@ from lab.simulation.config import SimConfig, SimResult, accuracy_task
 from lab.simulation.links import LinkTransport
 from lab.simulation.network import Profile
 from lab.simulation.topologies import Partial, TopologyTable, make_topology
+from murmur.node.learn.loop import TrainingLoop
 from murmur.node.learn.rules import make_rule
 from murmur.node.learn.runtime import Runtime
-from murmur.node.learn.trainer import Trainer
 from murmur.node.net.transport import MemoryNetwork
 
 SIMULATED = Runtime.simulated()
@@ -46,7 +46,7 @@ class _Peer:
     peer_id: str
     profile: Profile
     rng: random.Random  # topology moves: joining, its shuffles and its answers to others' shuffles
-    trainer: Trainer
+    trainer: TrainingLoop
     transport: LinkTransport
     averager: Averager
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
@@ -104,10 +104,10 @@ class GossipSimulation:
         index = self._created
         self._created += 1
         peer_id = f"p{index:05d}"
-        trainer = Trainer(self.task, shard=index, rule=make_rule(cfg.weighting), runtime=SIMULATED)
+        trainer = TrainingLoop(self.task, shard=index, rule=make_rule(cfg.weighting), runtime=SIMULATED)
         transport = LinkTransport(self.network, peer_id, self._link)
         averager = build_averager(
-            transport, trainer, table=TopologyTable(peer_id, self.topology), rng=_stream(cfg.seed, peer_id, "averaging"),
+            transport, trainer.replica, table=TopologyTable(peer_id, self.topology), rng=_stream(cfg.seed, peer_id, "averaging"),
             exchange_timeout=cfg.exchange_timeout, runtime=SIMULATED,
         )  # fmt: skip
         peer = _Peer(
@@ -196,8 +196,8 @@ class GossipSimulation:
             self.result.joins += 1
 
     def _retire(self, peer: _Peer) -> None:
-        self.result.steps += peer.trainer.samples // self.task.batch_size
-        self.result.samples += peer.trainer.samples
+        self.result.steps += peer.trainer.replica.samples // self.task.batch_size
+        self.result.samples += peer.trainer.replica.samples
         for outcome, count in peer.averager.outcomes.items():
             self.result.exchanges[outcome] = self.result.exchanges.get(outcome, 0) + count
         if peer.averager.typical_exchange_s > 0:
@@ -222,7 +222,7 @@ class GossipSimulation:
             grid += 1
 
 
-def consensus_distance(trainers: Sequence[Trainer]) -> float:
+def consensus_distance(trainers: Sequence[TrainingLoop]) -> float:
     """Mean squared L2 distance of the models' exchanged tensors from their average."""
-    flat = torch.stack([torch.cat([t.flatten() for t in tr.snapshot().state.values()]) for tr in trainers])
+    flat = torch.stack([torch.cat([t.flatten() for t in tr.replica.snapshot().state.values()]) for tr in trainers])
     return float(((flat - flat.mean(dim=0)) ** 2).sum(dim=1).mean())
