@@ -230,7 +230,7 @@ class Replica:
         parameters). The merge rule's state is restored when the checkpoint holds this rule's;
         after a change of rule (or from a checkpoint without one) the rule starts over from the
         restored model. So does the weight average, unless the checkpoint holds one that fits.
-        Checkpoints that name the work "weight" (written before it was called work) load too.
+        Older checkpoints name the work "weight"; they load too.
         """
         self._access.call(self._restore, state)
 

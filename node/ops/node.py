@@ -81,10 +81,11 @@ class Node:
         of another model raises `ModelMismatch` instead of being skipped (and later overwritten).
         Otherwise the node trains `config.task` in its own `TrainingLoop`, at `pacing`'s pace.
 
-        Two seams let whatever runs the node add to it (the lab does), both set before `run`:
-        `start_gate`, awaited once the node has joined and synced, before training starts (status
-        phase "waiting" meanwhile); and `on_evaluation`, called with each evaluation of the built-in
-        loop after it is written to metrics.jsonl (on the event loop: keep it short).
+        Three attributes let whatever runs the node add to it (the lab does), set before `run`:
+        `pacing`, the emulated device's pace (`pacing` above); `start_gate`, awaited once the node
+        has joined and synced, before training starts (status phase "waiting" meanwhile); and
+        `on_evaluation`, called with each evaluation of the built-in loop once it is written to
+        metrics.jsonl (on the event loop: keep it short).
         """
         self.config = config
         self._listen_addresses = listen_addresses or transport.addresses

@@ -1,7 +1,7 @@
 """`outer`: DiLoCo's outer optimizer made pairwise — Nesterov momentum on the pair's pseudo-gradient.
 
 The rule keeps an anchor (this peer's model right after its last merge; `reset`, which
-the trainer calls with its initial model, sets the first) and a momentum buffer. At a
+the replica calls with its initial model, sets the first) and a momentum buffer. At a
 merge the target is the pair's weighted mean model θ̄ (what its weighting rule, `work`
 by default, would merge to); the pseudo-gradient g = anchor − θ̄ holds the local
 training since the anchor plus the pull toward the partner. Then m ← μ·m + g and the
@@ -106,7 +106,7 @@ class OuterRule(MergeRule):
         self.velocity = {name: torch.zeros_like(t) for name, t in self.anchor.items()}
 
     def state_dict(self) -> dict[str, Any]:
-        # Copies: a checkpoint is written outside the trainer's lock while merges go on.
+        # Copies: a checkpoint is written outside the replica's lock while merges go on.
         return {
             "lr": self.lr, "momentum": self.momentum, "discount": self.discount,
             "anchor": {n: t.clone() for n, t in self.anchor.items()},

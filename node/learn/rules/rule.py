@@ -2,7 +2,7 @@
 
 A rule decides the partner's share of the merge and says why (`decide`), produces the
 change to add to the live model (`delta`), and owns whatever state it needs between
-merges (`state_dict`, `load_state_dict`, `reset`), which the trainer checkpoints with
+merges (`state_dict`, `load_state_dict`, `reset`), which the replica checkpoints with
 the model. Both sides of an exchange evaluate the same symmetric decision, so they
 arrive at the same merged parameters. Each side keeps the pair's mean work, which
 conserves Σ work across the pair.
@@ -57,7 +57,7 @@ class MergeDelta(Mapping[str, torch.Tensor]):
     """The change that turns `snapshot` into `snapshot + share × (remote − snapshot)`, one tensor per lookup.
 
     Adding it to the live model (rather than overwriting) keeps whatever the local
-    trainer learned while the exchange was in flight. Each tensor is computed when
+    replica learned while the exchange was in flight. Each tensor is computed when
     read, and `pieces` computes it a few MB at a time, so applying a merge never holds
     a second copy of the model.
     """
@@ -108,7 +108,7 @@ class MergeRule(abc.ABC):
         """The change to add to the live model, given the exchanged `snapshot`, the partner's
         `remote` tensors (both as CPU float32 on read) and the partner's final `share`.
 
-        Called once per committed merge, under the trainer's lock: a stateful rule may
+        Called once per committed merge, under the replica's lock: a stateful rule may
         update its state here.
         """
         return MergeDelta(snapshot, remote, share)
