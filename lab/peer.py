@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -41,14 +41,30 @@ START_FILE_POLL_S = 0.02
 DEFAULT_PARAMS_KEPT = 256
 
 
+def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
+    """An argparse type: `kind(text)`, refused unless positive."""
+
+    def parse(text: str) -> float:
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{value} is not positive")
+        return value
+
+    return parse
+
+
 def build_lab_parser() -> argparse.ArgumentParser:
+    """The lab's own flags (see the module docstring); everything else is left for `murmur run`.
+
+    Abbreviations are off, so that no `murmur run` flag is taken for a lab flag it starts.
+    """
     parser = argparse.ArgumentParser(prog="python -m lab.peer", add_help=False, allow_abbrev=False)
-    parser.add_argument("--step-time", type=float, default=None, metavar="MS")
+    parser.add_argument("--step-time", type=_positive(float), default=None, metavar="MS")
     parser.add_argument("--start-at", type=float, default=None, metavar="UNIX_TIME")
     parser.add_argument("--start-file", type=Path, default=None, metavar="FILE")
     parser.add_argument("--record-params", action="store_true")
-    parser.add_argument("--params-kept", type=int, default=DEFAULT_PARAMS_KEPT, metavar="N")
-    parser.add_argument("--lr-scale", type=float, default=1.0, metavar="X")
+    parser.add_argument("--params-kept", type=_positive(int), default=DEFAULT_PARAMS_KEPT, metavar="N")
+    parser.add_argument("--lr-scale", type=_positive(float), default=1.0, metavar="X")
     return parser
 
 
@@ -102,7 +118,7 @@ class ParamsRecorder:
 def hooks(args: argparse.Namespace) -> run.Around:
     """The lab's hooks for `args` (from `build_lab_parser`), to enter around a `murmur run` node (see `run.main`).
 
-    Raises `ValueError` on entry for a learning-rate scale that is not positive.
+    On exit (the node stopped) the recorded parameters, if any, are saved to the data dir.
     """
 
     @asynccontextmanager
