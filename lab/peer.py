@@ -144,7 +144,6 @@ def hooks(args: argparse.Namespace) -> run.Around:
 
 def main(argv: list[str]) -> int:
     """Run `argv` (lab flags, then `run` and `murmur run`'s flags; or `id --data-dir DIR`); return the exit status."""
-    register()
     args, rest = build_lab_parser().parse_known_args(argv)
     if rest[:1] == ["id"]:
         from murmur.node.net.identity import load_or_create_identity, peer_id_of
@@ -156,6 +155,7 @@ def main(argv: list[str]) -> int:
     if rest[:1] != ["run"]:
         print(__doc__, file=sys.stderr)
         return 2
+    register()  # before `murmur run`'s parser is built: the plugins are among its choices
     return run.main(rest[1:], around=hooks(args))
 
 

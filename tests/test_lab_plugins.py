@@ -4,15 +4,27 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Iterator
 
 import pytest
 import torch
 
 from lab.plugins import LinkSpeedPartners, register
-from murmur.node.learn.rules import make_rule
+from murmur.node.learn.replica import Replica
+from murmur.node.learn.rules import OPTIMIZER_STATE, make_rule
 from murmur.node.net.partners import PARTNER_CHOICES
 from murmur.node.net.peers import PeerEntry, PeerTable
 from murmur.node.ops.run import build_run_parser
+
+
+@pytest.fixture(autouse=True)
+def registries() -> Iterator[None]:
+    """The product's registries as they were, after each test: the lab's plugins stay out of other tests."""
+    saved = dict(PARTNER_CHOICES), dict(OPTIMIZER_STATE)
+    yield
+    for registry, before in zip((PARTNER_CHOICES, OPTIMIZER_STATE), saved):
+        registry.clear()
+        registry.update(before)  # type: ignore[arg-type]
 
 
 def _members(*rates: float | None) -> list[PeerEntry]:
@@ -63,8 +75,6 @@ def test_registered_options_become_choices_of_murmur_run_and_of_the_node() -> No
 
 
 def test_averaged_optimizer_state_travels_with_the_model() -> None:
-    from murmur.node.learn.replica import Replica
-
     register()
     model = torch.nn.Linear(3, 2)
     replica = Replica("t", model, torch.optim.Adam(model.parameters()), rule=make_rule("work", optimizer_state="average"))

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from murmur.node.learn.rules import RULES, MergeDelta, MixDecision, UniformRule, WorkRule, make_rule
+from murmur.node.learn.rules import OPTIMIZER_STATE, RULES, MergeDelta, MixDecision, UniformRule, WorkRule, make_rule
 from murmur.protocol.messages import MAX_WORK
 
 POLICY_NAMES = sorted(RULES)
@@ -181,3 +181,11 @@ def test_a_peer_without_work_never_screens_its_partner(policy_name: str, w: floa
     # Nothing of its own to defend; and screening identical initial models would learn a zero radius.
     assert make_rule(policy_name).decide(0.0, w).screen is False
     assert make_rule(policy_name).decide(1.0 + w, w).screen is True
+
+
+def test_optimizer_state_handling_is_a_registry_that_make_rule_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert make_rule("work").optimizer_state == () and list(OPTIMIZER_STATE) == ["keep"]
+    monkeypatch.setitem(OPTIMIZER_STATE, "momentum-test", ("momentum_buffer",))
+    assert make_rule("uniform", optimizer_state="momentum-test").optimizer_state == ("momentum_buffer",)
+    with pytest.raises(ValueError, match=r"unknown optimizer state handling 'average'; choose from \['keep', 'momentum-test'\]"):
+        make_rule("work", optimizer_state="average")
