@@ -35,6 +35,8 @@ class Evaluation:
 
 
 class TrainingLoop:
+    """A task's batches stepped into its replica, and evaluations of that replica's model."""
+
     def __init__(
         self, task: Task, shard: int, device: str | torch.device = "cpu", mixed_precision: bool = False,
         *, rule: MergeRule | None = None, runtime: Runtime = Runtime(), ema_decay: float = 0.0,
@@ -71,8 +73,8 @@ class TrainingLoop:
         merge. Stamped when the model was copied: on a busy machine the score may come much later.
         """
         with self._eval_lock:
-            t = self.runtime.wall()
             copied = self.replica.copy_model(self._eval_model)
+            t = self.runtime.wall()  # just copied: not after waiting for the lock, nor after scoring
             self._eval_model = copied.model
             return Evaluation(t, copied.samples, copied.work, self.task.evaluate(copied.model))
 

@@ -87,6 +87,8 @@ def _flat(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
 
 
 class Replica:
+    """One peer's copy of the model and what travels or resumes with it; see the module docstring."""
+
     def __init__(
         self, name: str, model: nn.Module, optimizer: torch.optim.Optimizer, *,
         rule: MergeRule | None = None, ema_decay: float = 0.0, access: Access | None = None,
