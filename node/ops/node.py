@@ -200,7 +200,8 @@ class Node:
                 if self.loop is None:  # the user's thread steps the model and counts the work
                     self.stats.started = time.monotonic()
                     await anyio.sleep_forever()
-                await train(self.loop, self.pacing, self.stats, eval_every=cfg.eval_every, on_eval=self._on_eval)
+                else:
+                    await train(self.loop, self.pacing, self.stats, eval_every=cfg.eval_every, on_eval=self._on_eval)
             tg.cancel_scope.cancel()
 
     def _set_phase(self, phase: str) -> None:
