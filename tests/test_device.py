@@ -205,7 +205,7 @@ def test_mixed_precision_trains_on_cuda() -> None:
     losses = []
     for _ in range(30):
         trainer.step()
-        losses.append(trainer.last_loss)
+        losses.append(trainer.replica.last_loss)
     assert next(trainer.replica.model.parameters()).dtype == torch.float32  # autocast leaves the weights alone
     assert losses[-1] < losses[0]
     assert trainer.evaluate().metrics["accuracy"] > 0.5
