@@ -1,6 +1,6 @@
 """A malicious Murmur peer, for attack tests: `murmur run` that lies in its exchanges.
 
-    python -m lab.adversary --attack scale|noise|nan|work run --bootstrap … [murmur run options]
+    python -m lab.adversary --attack scale|noise|nan|work run --bootstrap … [murmur run options, lab.peer flags]
 
 scale  sends its parameters ×1000        noise  sends random N(0, 1) parameters
 nan    sends parameters holding NaN      work   claims 1000× its real work weight
@@ -15,6 +15,7 @@ import torch
 
 import murmur.node.averaging.params
 import murmur.protocol.exchange
+from lab import peer
 from murmur.node.net.conversation import Conversation
 from murmur.node.ops import run
 from murmur.protocol.codec import TensorSpec, WireState, quantize
@@ -53,7 +54,7 @@ def main(argv: list[str]) -> int:
         return 2
     poison(argv[1])
     with run.quiet_stop_signals():
-        return run.main(argv[3:])
+        return peer.main(argv[2:])
 
 
 if __name__ == "__main__":

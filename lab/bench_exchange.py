@@ -3,7 +3,7 @@
     python -m lab.bench_exchange [--params 25e6] [--exchanges 3] [--out docs/bench-exchange]
 
 Two OS processes, each a real peer: `Libp2pTransport` over loopback (TCP + Noise +
-yamux), a `Trainer` on a wide MLP and the node's `Averager`. In one run it measures:
+yamux), a `TrainingLoop` on a wide MLP and the node's `Averager`. In one run it measures:
 
 1. a raw py-libp2p stream between the same two hosts (MB/s, 1 MiB writes);
 2. for each wire dtype, exchanges with training paused on both peers: duration, MB/s
@@ -111,16 +111,16 @@ async def _peer(role: str, params: int, plan: dict, addr_q: Any, result_q: Any, 
     from libp2p.crypto.ed25519 import create_new_key_pair
 
     from murmur.node.averaging.factory import build_averager
-    from murmur.node.learn.trainer import Trainer
+    from murmur.node.learn.loop import TrainingLoop
     from murmur.node.net.libp2p_transport import Libp2pTransport
     from murmur.node.net.peers import PeerTable
     from murmur.node.net.transport import ByteStream
 
     transport = Libp2pTransport(create_new_key_pair())
-    trainer = Trainer(WideMLPTask(params), shard=0 if role == "initiator" else 1)
-    trainer.step()  # both models carry work, so merges are real merges, not adoptions
+    loop = TrainingLoop(WideMLPTask(params), shard=0 if role == "initiator" else 1)
+    loop.step()  # both models carry work, so merges are real merges, not adoptions
     averager = build_averager(
-        transport, trainer, run_id=RUN_ID, table=PeerTable(transport.peer_id, liveness_timeout=1e9),
+        transport, loop.replica, run_id=RUN_ID, table=PeerTable(transport.peer_id, liveness_timeout=1e9),
         exchange_timeout=120.0, rng=random.Random(0),
     )  # fmt: skip
     steps: list[float] = []
@@ -136,13 +136,13 @@ async def _peer(role: str, params: int, plan: dict, addr_q: Any, result_q: Any, 
     async def train_when_asked() -> None:
         while not done.is_set():
             if training.is_set():
-                await anyio.to_thread.run_sync(trainer.step)
+                await anyio.to_thread.run_sync(loop.step)
                 steps.append(time.time())
             else:
                 await anyio.sleep(0.02)
 
     transport.set_handler(RAW_PROTOCOL, raw_sink)
-    results: dict[str, Any] = {"role": role, "numel": trainer.spec.numel}
+    results: dict[str, Any] = {"role": role, "numel": loop.replica.spec.numel}
     async with transport.run(["/ip4/127.0.0.1/tcp/0"]), anyio.create_task_group() as tg:
         tg.start_soon(train_when_asked)
         if role == "responder":
@@ -165,7 +165,7 @@ async def _peer(role: str, params: int, plan: dict, addr_q: Any, result_q: Any, 
                         results["exchanges"].append({
                             "dtype": dtype, "training": with_training, "result": outcome.result,
                             "reason": outcome.reason, "begin": begin, "end": time.time(), "seconds": outcome.duration_s,
-                            "bytes_each_way": trainer.spec.wire_size(dtype),
+                            "bytes_each_way": loop.replica.spec.wire_size(dtype),
                         })  # fmt: skip
             training.clear()
             done.set()
@@ -241,14 +241,14 @@ def _window_stats(exchange: dict, side: dict) -> dict:
 def merge_errors(dtypes: list[str], steps: int = 100) -> dict[str, dict[str, float]]:
     """Relative error a lossy wire dtype adds to one merge of two digits models trained apart."""
     from murmur.node.learn.rules import MergeDelta
+    from murmur.node.learn.loop import TrainingLoop
     from murmur.node.learn.tasks import load_task
-    from murmur.node.learn.trainer import Trainer
 
-    a, b = Trainer(load_task("digits"), shard=1), Trainer(load_task("digits"), shard=2)
+    a, b = TrainingLoop(load_task("digits"), shard=1), TrainingLoop(load_task("digits"), shard=2)
     for _ in range(steps):
         a.step()
         b.step()
-    sa, sb = a.snapshot().state, b.snapshot().state
+    sa, sb = a.replica.snapshot().state, b.replica.snapshot().state
     exact = MergeDelta(sa, sb, 0.5)
     spec = TensorSpec.of(dict(sa.items()))
     norm_delta = math.sqrt(sum(float((exact[n] ** 2).sum()) for n in exact))

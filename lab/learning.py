@@ -3,7 +3,7 @@
 The wall-clock benchmark (`murmur bench`) mixes two things: how fast peers process
 samples and how much each sample teaches. This lab isolates the second, exactly and
 repeatably (`lab.replicas`): every method trains on the same data streams, one per peer,
-and is scored at the same total sample counts. Gossip variants are N real `Trainer`s (the
+and is scored at the same total sample counts. Gossip variants are N real `TrainingLoop`s (the
 node's own step, merge rules and merge code) stepping at their emulated speeds on an
 event-time grid; every `period` (in steps of the fastest peer) each merges with a random
 partner, as `Averager` would, without a network.

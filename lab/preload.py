@@ -4,7 +4,7 @@ It loads torch, libp2p, the node and its tasks (each process would otherwise spe
 importing them, the torch._dynamo that creating an optimizer imports included), then
 freezes everything loaded out of the garbage collector: forked children would otherwise
 rescan the whole inherited heap at every full collection, which slows training
-(docs/lab-calibration.md).
+(docs/history/2026-12-06-lab-calibration.md).
 """
 
 import gc

@@ -6,7 +6,7 @@ and is scored against the total samples all its replicas processed:
   `Sync`    one model, each step on a batch from every stream together (synchronous data parallelism);
   `Synced`  one replica per stream; every H local steps all take one outer step on their mean
             pseudo-gradient (DiLoCo; with outer lr 1 and no momentum, the exact mean of their parameters);
-  `Gossip`  real `Trainer`s at emulated speeds on an event-time grid, each merging with a random
+  `Gossip`  real `TrainingLoop`s at emulated speeds on an event-time grid, each merging with a random
             partner by the node's own rule and merge code, as `Averager` would, instantly or with a lag.
 
 `run` steps a method to a sample budget and records its `Curve`. The simulator's all-reduce
@@ -25,11 +25,12 @@ from typing import Any, Protocol
 
 import torch
 
+from murmur.node.learn.loop import TrainingLoop
+from murmur.node.learn.replica import Replica, Snapshot
 from murmur.node.learn.rules import MergeRule
 from murmur.node.learn.step import scale_learning_rate, train_step
 from murmur.node.learn.tasks import Task
 from murmur.node.learn.tasks.task import Metric
-from murmur.node.learn.trainer import Snapshot, Trainer
 from murmur.node.learn.weight_average import WeightAverage
 
 
@@ -128,42 +129,43 @@ class Synced:
         lr_scale: float = 1.0, ema_decay: float = 0.0,
     ) -> None:
         self.task, self.local_steps = task, local_steps
-        self.replicas = [Trainer(task, shard=shard, ema_decay=ema_decay) for shard in shards]
-        for trainer in self.replicas:
-            trainer.model.load_state_dict(self.replicas[0].model.state_dict())
-            scale_learning_rate(trainer.optimizer, lr_scale)
+        self.loops = [TrainingLoop(task, shard=shard, ema_decay=ema_decay) for shard in shards]
+        self.replicas = [loop.replica for loop in self.loops]
+        for replica in self.replicas:
+            replica.model.load_state_dict(self.replicas[0].model.state_dict())
+            scale_learning_rate(replica.optimizer, lr_scale)
         self._anchor = [p.detach().clone().requires_grad_(True) for p in self.replicas[0].model.parameters()]
         self._outer = torch.optim.SGD(self._anchor, lr=outer_lr, momentum=outer_momentum, nesterov=outer_momentum > 0)
 
     def step(self) -> int:
         """Every replica's local steps, then the outer step; returns the samples of all local steps."""
-        before = sum(t.samples for t in self.replicas)
-        for trainer in self.replicas:
+        before = sum(r.samples for r in self.replicas)
+        for loop in self.loops:
             for _ in range(self.local_steps):
-                trainer.step()
+                loop.step()
         with torch.no_grad():
             for k, a in enumerate(self._anchor):
-                a.grad = a - torch.stack([list(t.model.parameters())[k] for t in self.replicas]).mean(0)
+                a.grad = a - torch.stack([list(r.model.parameters())[k] for r in self.replicas]).mean(0)
             self._outer.step()
-            for trainer in self.replicas:
-                for p, a in zip(trainer.model.parameters(), self._anchor):
+            for replica in self.replicas:
+                for p, a in zip(replica.model.parameters(), self._anchor):
                     p.copy_(a)
-                trainer.average.update(trainer.model)  # the synced model is this replica's next point
-        return sum(t.samples for t in self.replicas) - before
+                replica.average.update(replica.model)  # the synced model is this replica's next point
+        return sum(r.samples for r in self.replicas) - before
 
     def score(self) -> float:
-        return self.replicas[0].evaluate().metrics[self.task.metric.name]
+        return self.loops[0].evaluate().metrics[self.task.metric.name]
 
 
-def merge_pair(a: Trainer, b: Trainer, reset_adam: bool = False, snapshots: tuple[Snapshot, Snapshot] | None = None) -> None:
+def merge_pair(a: Replica, b: Replica, reset_adam: bool = False, snapshots: tuple[Snapshot, Snapshot] | None = None) -> None:
     """Both sides of one exchange, as two averagers would apply it (no screening: honest peers),
     from `snapshots` taken when it began (default: at once). `reset_adam` clears both optimizers' state after."""
     snap_a, snap_b = snapshots or (a.snapshot(), b.snapshot())
-    for trainer, local, remote in ((a, snap_a, snap_b), (b, snap_b, snap_a)):
-        decision = trainer.rule.decide(local.weight, remote.weight, (local.fresh, remote.fresh))
-        trainer.merge(local, remote.state, decision.remote_share, decision.weight_after)
+    for replica, local, remote in ((a, snap_a, snap_b), (b, snap_b, snap_a)):
+        decision = replica.rule.decide(local.work, remote.work, (local.fresh, remote.fresh))
+        replica.merge(local, remote.state, decision.remote_share, decision.work_after)
         if reset_adam:
-            trainer.optimizer.state.clear()
+            replica.optimizer.state.clear()
 
 
 STEP, START_MERGE, END_MERGE = 0, 1, 2  # event kinds; at one time, steps come first
@@ -183,9 +185,9 @@ class Gossip:
         period: float, lag: float = 0.0, reset_adam: bool = False, lr_scale: float = 1.0, ema_decay: float = 0.0,
     ) -> None:
         self.task, self.slowdowns, self.period, self.lag, self.reset_adam = task, slowdowns, period, lag, reset_adam
-        self.trainers = [Trainer(task, shard=shard, rule=rule(), ema_decay=ema_decay) for shard in shards]
-        for trainer in self.trainers:
-            scale_learning_rate(trainer.optimizer, lr_scale)
+        self.loops = [TrainingLoop(task, shard=shard, rule=rule(), ema_decay=ema_decay) for shard in shards]
+        for loop in self.loops:
+            scale_learning_rate(loop.replica.optimizer, lr_scale)
         self._rng = random.Random(seed)
         self._fastest = min(slowdowns)
         n = len(slowdowns)
@@ -198,13 +200,13 @@ class Gossip:
     def step(self) -> int:
         t, kind, i, merge = heapq.heappop(self._events)
         if kind == STEP:
-            self.trainers[i].step()
+            self.loops[i].step()
             heapq.heappush(self._events, (t + self.slowdowns[i] / self._fastest, STEP, i, None))
             return self.task.batch_size
         if kind == START_MERGE:
-            partner = self._rng.choice([j for j in range(len(self.trainers)) if j != i])
+            partner = self._rng.choice([j for j in range(len(self.loops)) if j != i])
             heapq.heappush(self._events, (t + self.period, START_MERGE, i, None))
-            pair = self.trainers[i], self.trainers[partner]
+            pair = self.loops[i].replica, self.loops[partner].replica
             if not self.lag:
                 merge_pair(*pair, self.reset_adam)
             elif not self._in_merge & {i, partner}:
@@ -212,9 +214,9 @@ class Gossip:
                 heapq.heappush(self._events, (t + self.lag, END_MERGE, i, (partner, (pair[0].snapshot(), pair[1].snapshot()))))
             return 0
         partner, snapshots = merge
-        merge_pair(self.trainers[i], self.trainers[partner], self.reset_adam, snapshots)
+        merge_pair(self.loops[i].replica, self.loops[partner].replica, self.reset_adam, snapshots)
         self._in_merge -= {i, partner}
         return 0
 
     def score(self) -> float:
-        return statistics.median(t.evaluate().metrics[self.task.metric.name] for t in self.trainers)
+        return statistics.median(loop.evaluate().metrics[self.task.metric.name] for loop in self.loops)

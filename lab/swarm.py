@@ -39,8 +39,8 @@ class SwarmError(RuntimeError):
 
 
 def murmur_command() -> list[str]:
-    """The command line of a local peer, before `run` and its flags: the one place that names it."""
-    return [sys.executable, "-m", "murmur.node.cli"]
+    """The command a local peer runs: `murmur run` with the lab's hooks (`lab.peer`), so its flags are `murmur run`'s plus the lab's."""
+    return [sys.executable, "-m", "lab.peer"]
 
 
 CHECKOUT = Path(__file__).resolve().parents[1]

@@ -32,15 +32,9 @@ from torch import nn
 from murmur.node.averaging.outcome import Result
 from murmur.node.averaging.state_sync import StateSyncRefused
 from murmur.node.learn.device import DeviceError, check_mixed_precision, resolve_device
+from murmur.node.learn.replica import Replica, model_device
 from murmur.node.learn.tasks import BUILTIN_TASKS, load_task
-from murmur.node.learn.user_loop import (
-    ModelMismatch,
-    StepGate,
-    UserLoopTask,
-    UserLoopTrainer,
-    check_optimizer,
-    model_device,
-)
+from murmur.node.learn.user_loop import ModelMismatch, StepGate, check_optimizer
 from murmur.node.net.identity import load_or_create_identity
 from murmur.node.ops.config import NodeConfig
 from murmur.node.ops.node import Node, build_node
@@ -49,8 +43,8 @@ from murmur.node.ops.status import STATUS_FILE
 
 log = logging.getLogger("murmur.peer")
 
-# `murmur run` options that pace Murmur's own training loop; an API peer's loop is the user's.
-LOOP_ONLY = ("slowdown", "step_time_ms", "eval_every", "ema_decay", "duration", "start_at", "start_file", "record_params")
+# `murmur run` options of Murmur's own training loop (its evaluation and its end); an API peer's loop is the user's.
+LOOP_ONLY = ("eval_every", "ema_decay", "duration")
 _FIELDS = {f.name: f for f in dataclasses.fields(NodeConfig)}
 _HINTS = get_type_hints(NodeConfig)
 STOP_TIMEOUT_S = 30.0  # the node's own goodbye (3 s) and checkpoint fit well within this
@@ -128,8 +122,8 @@ class Peer:
         check_optimizer(model, optimizer)
         self.config = config
         self._gate = StepGate()
-        task = UserLoopTask(_task_name(config.task), model, optimizer)
-        self._make_trainer = lambda rule: UserLoopTrainer(task, rule=rule, gate=self._gate, mixed_precision=config.mixed_precision)
+        name = _task_name(config.task)
+        self._make_replica = lambda rule: Replica(name, model, optimizer, rule=rule, access=self._gate)
         self._key_pair = load_or_create_identity(config.data_dir)
         self._node: Node | None = None
         self._token: anyio.lowlevel.EventLoopToken | None = None
@@ -173,7 +167,7 @@ class Peer:
 
     async def _serve(self) -> None:
         self._token = anyio.lowlevel.current_token()
-        node = self._node = build_node(self.config, self._key_pair, user_loop=self._make_trainer)
+        node = self._node = build_node(self.config, self._key_pair, user_loop=self._make_replica)
         node.on_phase = self._on_phase
         await node.run()
 
@@ -199,14 +193,14 @@ class Peer:
     @property
     def samples(self) -> int:
         """The work (samples or tokens) this peer's own steps counted, resumed ones included."""
-        return self.node.trainer.samples
+        return self.node.replica.samples
 
     @property
     def swarm_samples(self) -> float:
-        """An estimate of the whole swarm's work so far: this model's work weight times the peers
-        this peer knows, itself included. Merges conserve the sum of weights (`work` rule), so
+        """An estimate of the whole swarm's work so far: the work in this model times the peers
+        this peer knows, itself included. Merges conserve the sum of work (`work` rule), so
         the estimate is exact once the swarm has mixed and the view holds every peer."""
-        return self.node.trainer.weight * (1 + len(self.node.table.members))
+        return self.node.replica.work * (1 + len(self.node.table.members))
 
     def step(self, samples: int | None = None, *, tokens: int | None = None, loss: float | None = None) -> None:
         """Count one finished step of your loop (`samples` or `tokens` of work) and apply pending merges.
@@ -222,9 +216,7 @@ class Peer:
         work = samples if samples is not None else tokens
         if not isinstance(work, int) or isinstance(work, bool) or work < 0:
             raise ValueError(f"work must be a non-negative int, got {work!r}")
-        trainer = self.node.trainer
-        assert isinstance(trainer, UserLoopTrainer)
-        trainer.record(work, loss)
+        self.node.replica.record(work, loss)
         self.node.stats.steps += 1
         self._gate.serve()
 

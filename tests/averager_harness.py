@@ -14,10 +14,11 @@ import torch
 from murmur.node.averaging.averager import Averager
 from murmur.node.averaging.factory import build_averager
 from murmur.node.averaging.outcome import Result
+from murmur.node.learn.loop import TrainingLoop
+from murmur.node.learn.replica import Replica
 from murmur.node.learn.rules import MergeRule
 from murmur.node.learn.runtime import Runtime
 from murmur.node.learn.tasks import DigitsTask
-from murmur.node.learn.trainer import Trainer
 from murmur.node.net.peers import PeerTable
 from murmur.node.net.security import BanList
 from murmur.node.net.transport import (
@@ -34,15 +35,19 @@ BATCH = DigitsTask().batch_size
 @dataclass
 class Peer:
     transport: FaultInjector
-    trainer: Trainer
+    loop: TrainingLoop
     averager: Averager
 
     @property
     def id(self) -> str:
         return self.transport.peer_id
 
+    @property
+    def replica(self) -> Replica:
+        return self.loop.replica
+
     def state(self) -> dict[str, torch.Tensor]:
-        return dict(self.trainer.snapshot().state)
+        return dict(self.replica.snapshot().state)
 
     def know(self, *others: Peer) -> None:
         for other in others:
@@ -50,7 +55,7 @@ class Peer:
 
     def steps(self, n: int) -> None:
         for _ in range(n):
-            self.trainer.step()
+            self.loop.step()
 
 
 def make_peer(
@@ -59,13 +64,13 @@ def make_peer(
 ) -> Peer:  # fmt: skip
     """A digits peer called `name` on `net`, its averager built as the node builds it, on simulated time."""
     transport = FaultInjector(transport or net.transport(name))
-    trainer = Trainer(DigitsTask(), shard=shard, rule=rule)
+    loop = TrainingLoop(DigitsTask(), shard=shard, rule=rule)
     averager = build_averager(
-        transport, trainer, run_id=run_id, table=PeerTable(name, liveness_timeout=1e9), bans=bans,
+        transport, loop.replica, run_id=run_id, table=PeerTable(name, liveness_timeout=1e9), bans=bans,
         rng=random.Random(shard), exchange_timeout=TIMEOUT, min_link_mbit=math.inf,  # timeouts: exactly TIMEOUT
         wire_dtype=wire_dtype, runtime=Runtime.simulated(),
     )  # fmt: skip
-    return Peer(transport, trainer, averager)
+    return Peer(transport, loop, averager)
 
 
 @asynccontextmanager

@@ -42,16 +42,16 @@ async def test_exchange_merges_both_sides_to_the_work_weighted_mean() -> None:
     async with peers(2) as (a, b):
         a.steps(3)
         b.steps(1)
-        sa, sb = a.trainer.snapshot(), b.trainer.snapshot()
+        sa, sb = a.replica.snapshot(), b.replica.snapshot()
         outcome = await a.averager.exchange_with(b.id, b.transport.addresses())
         await settled(a, b)
         assert (outcome.result, outcome.reason) == (Result.MERGED, "work: partner holds 25% of the pair's work")
         assert last(b) == (Result.MERGED, "work: partner holds 75% of the pair's work")
-        assert outcome.remote_share == pytest.approx(0.25) and outcome.bytes_sent == a.trainer.spec.wire_size("float32")
-        expected = {n: (sa.weight * sa.state[n] + sb.weight * sb.state[n]) / (sa.weight + sb.weight) for n in sa.state}
+        assert outcome.remote_share == pytest.approx(0.25) and outcome.bytes_sent == a.replica.spec.wire_size("float32")
+        expected = {n: (sa.work * sa.state[n] + sb.work * sb.state[n]) / (sa.work + sb.work) for n in sa.state}
         assert_state_close(a.state(), expected)
         assert_state_close(b.state(), expected)
-        assert a.trainer.weight == b.trainer.weight == (sa.weight + sb.weight) / 2
+        assert a.replica.work == b.replica.work == (sa.work + sb.work) / 2
         assert a.averager.outcomes[Result.MERGED] == b.averager.outcomes[Result.MERGED] == 1
 
 
@@ -110,13 +110,13 @@ async def test_lossy_wire_dtypes_move_both_sides_by_the_difference_of_their_quan
     async with running(a, b):
         a.steps(3)
         b.steps(1)
-        exact_a, exact_b = a.trainer.snapshot(), b.trainer.snapshot()
-        qa, qb = a.trainer.snapshot(wire_dtype).state, b.trainer.snapshot(wire_dtype).state
+        exact_a, exact_b = a.replica.snapshot(), b.replica.snapshot()
+        qa, qb = a.replica.snapshot(wire_dtype).state, b.replica.snapshot(wire_dtype).state
         outcome = await a.averager.exchange_with(b.id, b.transport.addresses())
         await settled(a, b)
         assert outcome.result == Result.MERGED, outcome.reason
-        assert outcome.bytes_sent == a.trainer.spec.wire_size(wire_dtype) < a.trainer.spec.wire_size("float32")
-        wa, wb = exact_a.weight, exact_b.weight
+        assert outcome.bytes_sent == a.replica.spec.wire_size(wire_dtype) < a.replica.spec.wire_size("float32")
+        wa, wb = exact_a.work, exact_b.work
         share = wb / (wa + wb)
         # Both apply the same quantized difference with opposite signs: models that agree stay put.
         assert_state_close(a.state(), {n: exact_a.state[n] + share * (qb[n] - qa[n]) for n in qa})
@@ -159,7 +159,7 @@ async def test_steps_taken_while_an_exchange_is_in_flight_are_kept() -> None:
     progressed: list[dict[str, torch.Tensor]] = []
 
     def step_meanwhile() -> None:  # after the Offer (and its snapshot) left, before the answer arrives
-        a.trainer.step()
+        a.loop.step()
         progressed.append(a.state())
 
     a = make_peer(net, "a", 0, transport=_TapFirstStream(net, "a", step_meanwhile))
@@ -167,7 +167,7 @@ async def test_steps_taken_while_an_exchange_is_in_flight_are_kept() -> None:
     async with running(a, b):
         a.steps(1)
         b.steps(1)
-        sa, sb = a.trainer.snapshot(), b.trainer.snapshot()
+        sa, sb = a.replica.snapshot(), b.replica.snapshot()
         outcome = await a.averager.exchange_with(b.id, b.transport.addresses())
         await settled(a, b)
     assert outcome.result == Result.MERGED and outcome.remote_share == 0.5 and len(progressed) == 1
@@ -176,14 +176,14 @@ async def test_steps_taken_while_an_exchange_is_in_flight_are_kept() -> None:
     # a adds the merge's change to the model it has now: its extra step survives the merge.
     assert_state_close(a.state(), {n: progressed[0][n] + 0.5 * (sb.state[n] - sa.state[n]) for n in sa.state})
     assert any(not torch.allclose(a.state()[n], merged[n]) for n in merged)
-    assert a.trainer.weight == b.trainer.weight + BATCH  # the pair's mean, plus a's own step
+    assert a.replica.work == b.replica.work + BATCH  # the pair's mean, plus a's own step
 
 
 async def test_a_newcomer_adopts_its_partners_model_without_screening_it() -> None:
     async with peers(2) as (veteran, newcomer):
         veteran.steps(5)
         with torch.no_grad():  # a model 10x our norm away: screening would reject it (see below)
-            for p in veteran.trainer.model.parameters():
+            for p in veteran.replica.model.parameters():
                 p.mul_(10)
         before = veteran.state()
         outcome = await veteran.averager.exchange_with(newcomer.id, newcomer.transport.addresses())
@@ -193,7 +193,7 @@ async def test_a_newcomer_adopts_its_partners_model_without_screening_it() -> No
         assert_state_close(newcomer.state(), before)
         assert_state_close(veteran.state(), before)
         assert not newcomer.averager.screening.history  # nothing was screened
-        assert newcomer.trainer.weight == veteran.trainer.weight == 5 * BATCH / 2
+        assert newcomer.replica.work == veteran.replica.work == 5 * BATCH / 2
 
 
 # --- staleness: fresh work stated in Offer and Accept -------------------------------------
@@ -211,10 +211,10 @@ async def test_outer_peers_state_their_fresh_work_and_discount_the_staler_side()
         b.steps(1)
         await a.averager.exchange_with(b.id, b.transport.addresses())  # first merge: fresh work = weight
         await settled(a, b)
-        assert (a.trainer.weight, a.trainer.fresh, b.trainer.fresh) == (64, 0, 0)
+        assert (a.replica.work, a.replica.fresh, b.replica.fresh) == (64, 0, 0)
         a.steps(1)
         b.steps(3)  # now b did 3x a's work since the anchor both share, a is the stale side
-        sa, sb = a.trainer.snapshot(), b.trainer.snapshot()
+        sa, sb = a.replica.snapshot(), b.replica.snapshot()
         outcome = await a.averager.exchange_with(b.id, b.transport.addresses())
         await settled(a, b)
         share = 0.5 * 160 / 256 + 0.5 * 96 / 128  # (1 - κ)·w_b/(w_a + w_b) + κ·f_b/(f_a + f_b)
@@ -224,7 +224,7 @@ async def test_outer_peers_state_their_fresh_work_and_discount_the_staler_side()
         expected = {n: sa.state[n] + share * (sb.state[n] - sa.state[n]) for n in sa.state}
         assert_state_close(a.state(), expected)
         assert_state_close(b.state(), expected)
-        assert a.trainer.weight + b.trainer.weight == 96 + 160 and a.trainer.fresh == b.trainer.fresh == 0
+        assert a.replica.work + b.replica.work == 96 + 160 and a.replica.fresh == b.replica.fresh == 0
 
 
 async def test_a_partner_that_states_no_fresh_work_leaves_the_outer_rule_to_the_weights() -> None:
@@ -245,7 +245,7 @@ async def test_a_fresh_work_claim_is_capped_at_the_credited_weight() -> None:
     async with running(liar, honest):
         liar.steps(1)
         honest.steps(1)
-        liar.trainer.weight = liar.trainer.fresh = 1e6  # a million samples, all since its anchor
+        liar.replica.work = liar.replica.fresh = 1e6  # a million samples, all since its anchor
         await liar.averager.exchange_with(honest.id, honest.transport.addresses())
         await settled(liar, honest)
         # Credited 128 (4x ours) and so fresh 128 at most: shares 0.8 and 0.8, not ~0.9.

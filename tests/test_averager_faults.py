@@ -99,7 +99,7 @@ async def test_a_non_finite_model_fails_the_exchange_on_both_sides_and_earns_a_s
         a.steps(1)
         b.steps(1)
         with torch.no_grad():
-            next(a.trainer.model.parameters()).view(-1)[0] = math.nan  # a's model is poisoned
+            next(a.replica.model.parameters()).view(-1)[0] = math.nan  # a's model is poisoned
         before_a, before_b = a.state(), b.state()
         outcome = await a.averager.exchange_with(b.id, b.transport.addresses())
         await settled(a, b)
@@ -120,7 +120,7 @@ async def test_a_scaled_model_is_rejected_before_any_merge_and_banned_at_once() 
         a.steps(1)
         b.steps(1)
         with torch.no_grad():
-            for p in a.trainer.model.parameters():
+            for p in a.replica.model.parameters():
                 p.mul_(1000)
         before_a, before_b = a.state(), b.state()
         outcome = await a.averager.exchange_with(b.id, b.transport.addresses())
@@ -138,7 +138,7 @@ async def test_an_inflated_work_claim_is_capped_and_struck(caplog: pytest.LogCap
     async with peers(2) as (liar, honest):
         liar.steps(1)
         honest.steps(1)
-        liar.trainer.weight = 1e6  # claims a million samples after one step
+        liar.replica.work = 1e6  # claims a million samples after one step
         s_liar, s_honest = liar.state(), honest.state()
         outcome = await liar.averager.exchange_with(honest.id, honest.transport.addresses())
         await settled(liar, honest)
@@ -146,7 +146,7 @@ async def test_an_inflated_work_claim_is_capped_and_struck(caplog: pytest.LogCap
         # The honest side credits at most 4x its own weight (32): 128, not a million.
         assert last(honest) == (Result.MERGED, "work: partner holds 80% of the pair's work")
         assert_state_close(honest.state(), {n: s_honest[n] + 0.8 * (s_liar[n] - s_honest[n]) for n in s_honest})
-        assert honest.trainer.weight == (BATCH + 4 * BATCH) / 2
+        assert honest.replica.work == (BATCH + 4 * BATCH) / 2
     assert f"strike 1/3 for {liar.id[-8:]}: claimed work 1e+06 capped at 128 (ours 32)" in caplog.text
 
 
@@ -156,7 +156,7 @@ async def test_an_inflated_work_claim_is_capped_and_struck(caplog: pytest.LogCap
 async def test_a_partner_that_dies_mid_transfer_times_out_and_leaves_the_model_untouched() -> None:
     net = MemoryNetwork()
     a = make_peer(net, "a", 0)
-    spec = a.trainer.spec
+    spec = a.replica.spec
     victim = net.transport("victim")
 
     async def accept_then_stall(stream: ByteStream) -> None:
@@ -187,7 +187,7 @@ async def test_an_initiator_that_stalls_after_its_offer_times_out_the_responder_
             p.steps(1)
         before = b.state()
         stream = await a.transport.open_stream(b.id, b.transport.addresses(), AVERAGE_PROTOCOL)
-        offer = Offer("digits", b.trainer.fingerprint, 32.0)
+        offer = Offer("digits", b.replica.fingerprint, 32.0)
         await stream.send_all(Exchange(Role.INITIATOR, AVERAGE).send(offer))  # ... then nothing more
         with anyio.fail_after(2 * TIMEOUT):
             while not b.averager.recent:

@@ -18,9 +18,9 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from murmur.node.averaging.averager import Averager
 from murmur.node.averaging.factory import build_averager
 from murmur.node.averaging.outcome import Result
+from murmur.node.learn.loop import TrainingLoop
 from murmur.node.learn.rules import MergeRule, OuterRule, WorkRule
 from murmur.node.learn.tasks import DigitsTask
-from murmur.node.learn.trainer import Trainer
 from murmur.node.net.libp2p_transport import Libp2pTransport
 from murmur.node.net.peers import PeerTable
 
@@ -28,43 +28,43 @@ pytestmark = pytest.mark.anyio
 
 
 @asynccontextmanager
-async def libp2p_peers(n: int, rule: Callable[[], MergeRule] = WorkRule) -> AsyncIterator[list[tuple[Libp2pTransport, Averager]]]:
+async def libp2p_peers(n: int, rule: Callable[[], MergeRule] = WorkRule) -> AsyncIterator[list[tuple[Libp2pTransport, Averager, TrainingLoop]]]:
     async with AsyncExitStack() as stack:
         out = []
         for i in range(n):
             transport = Libp2pTransport(create_new_key_pair())
-            trainer = Trainer(DigitsTask(), shard=i, rule=rule())
+            loop = TrainingLoop(DigitsTask(), shard=i, rule=rule())
             table = PeerTable(transport.peer_id, liveness_timeout=1e9)
-            averager = build_averager(transport, trainer, table=table, rng=random.Random(i), exchange_timeout=10.0)
+            averager = build_averager(transport, loop.replica, table=table, rng=random.Random(i), exchange_timeout=10.0)
             await stack.enter_async_context(transport.run(["/ip4/127.0.0.1/tcp/0"]))
-            out.append((transport, averager))
+            out.append((transport, averager, loop))
         yield out
 
 
 async def test_two_libp2p_peers_merge_once_to_the_work_weighted_mean() -> None:
-    async with libp2p_peers(2) as [(_, a), (tb, b)]:
+    async with libp2p_peers(2) as [(_, a, la), (tb, b, lb)]:
         for _ in range(3):
-            a.trainer.step()
-        b.trainer.step()
-        sa, sb = a.trainer.snapshot(), b.trainer.snapshot()
+            la.step()
+        lb.step()
+        sa, sb = a.replica.snapshot(), b.replica.snapshot()
         with anyio.fail_after(20):
             outcome = await a.exchange_with(tb.peer_id, tb.addresses())
             while b.outcomes[Result.MERGED] < 1:  # the responder finishes a moment after the initiator
                 await anyio.sleep(0.01)
         assert (outcome.result, outcome.reason) == (Result.MERGED, "work: partner holds 25% of the pair's work")
         expected = {n: (3 * sa.state[n] + sb.state[n]) / 4 for n in sa.state}
-        assert_state_close(a.trainer.snapshot().state, expected)
-        assert_state_close(b.trainer.snapshot().state, expected)
-        assert a.trainer.weight == b.trainer.weight == (sa.weight + sb.weight) / 2
+        assert_state_close(a.replica.snapshot().state, expected)
+        assert_state_close(b.replica.snapshot().state, expected)
+        assert a.replica.work == b.replica.work == (sa.work + sb.work) / 2
 
 
 async def test_outer_peers_discount_the_staler_side_over_libp2p() -> None:
-    async with libp2p_peers(2, lambda: OuterRule(lr=1.0, momentum=0.0, discount=0.5)) as [(_, a), (tb, b)]:
+    async with libp2p_peers(2, lambda: OuterRule(lr=1.0, momentum=0.0, discount=0.5)) as [(_, a, la), (tb, b, lb)]:
         for steps_a, steps_b, merges in ((3, 1, 1), (1, 3, 2)):  # the second time, a is the stale side
             for _ in range(steps_a):
-                a.trainer.step()
+                la.step()
             for _ in range(steps_b):
-                b.trainer.step()
+                lb.step()
             with anyio.fail_after(20):
                 outcome = await a.exchange_with(tb.peer_id, tb.addresses())
                 while b.outcomes[Result.MERGED] < merges:
@@ -72,17 +72,17 @@ async def test_outer_peers_discount_the_staler_side_over_libp2p() -> None:
         # weights 96 and 160, fresh work 32 and 96: (1 - κ)·160/256 + κ·96/128
         assert outcome.remote_share == pytest.approx(0.5 * 160 / 256 + 0.5 * 96 / 128)
         assert b.recent[-1].remote_share == pytest.approx(1 - outcome.remote_share)
-        assert a.trainer.fresh == b.trainer.fresh == 0
-        assert_state_close(a.trainer.snapshot().state, b.trainer.snapshot().state)
+        assert a.replica.fresh == b.replica.fresh == 0
+        assert_state_close(a.replica.snapshot().state, b.replica.snapshot().state)
 
 
 async def test_a_newcomer_syncs_a_libp2p_peers_model() -> None:
-    async with libp2p_peers(2) as [(tv, veteran), (_, newcomer)]:
+    async with libp2p_peers(2) as [(tv, veteran, lv), (_, newcomer, _)]:
         for _ in range(5):
-            veteran.trainer.step()
+            lv.step()
         newcomer.table.observe(tv.peer_id, tv.addresses(), 0.0)
         with anyio.fail_after(20):
             outcome = await newcomer.state_sync.sync_from_swarm()
         assert outcome.result == Result.SYNCED and outcome.partner == tv.peer_id
-        assert_state_close(newcomer.trainer.snapshot().state, veteran.trainer.snapshot().state)
-        assert newcomer.trainer.weight == veteran.trainer.weight
+        assert_state_close(newcomer.replica.snapshot().state, veteran.replica.snapshot().state)
+        assert newcomer.replica.work == veteran.replica.work

@@ -85,8 +85,9 @@ def test_a_task_with_a_fixed_budget_reads_every_method_there_not_where_sync_equa
 
 def test_swarm_peers_are_started_with_one_torch_thread_each(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Stand-in processes that record what `murmur run` would be told, and have already exited:
-    # the run stops at once, and murmur's own parser reads the recorded command lines.
+    # the run stops at once, and the lab's and murmur's own parsers read the recorded command lines.
     from lab import bench, swarm
+    from lab.peer import build_lab_parser
     from murmur.node.ops.run import build_run_parser
 
     started: list[list[str]] = []
@@ -107,7 +108,9 @@ def test_swarm_peers_are_started_with_one_torch_thread_each(tmp_path: Path, monk
     with pytest.raises(RuntimeError, match="peer 0 exited"):
         bench.run_murmur("digits", [1.0, 2.0], "murmur-work", 3, 5.0, tmp_path / "run", ema_decay=0.5)
     assert [argv[0] for argv in started] == ["run", "run"]
-    args = [build_run_parser().parse_args(argv[1:]) for argv in started]
+    split = [build_lab_parser().parse_known_args(argv) for argv in started]  # what `python -m lab.peer` reads
+    assert all(lab.record_params and lab.step_time == 20.0 and lab.start_file for lab, _ in split)
+    args = [build_run_parser().parse_args(rest[1:]) for _, rest in split]
     assert [a.threads for a in args] == [1, 1]  # two peers share this machine: the node itself would not limit them
     assert [a.slowdown for a in args] == [1.0, 2.0] and [a.shard for a in args] == [3000, 3001]
     assert [a.ema_decay for a in args] == [0.5, 0.5]

@@ -163,6 +163,7 @@ class _Namespace:
 def test_over_links_peers_listen_on_their_namespace_address_and_bootstrap_to_peer_zeros(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from lab.peer import build_lab_parser
     from murmur.node.ops.run import build_run_parser
 
     monkeypatch.setattr(swarm, "ForkedPeer", _Exited)
@@ -173,7 +174,8 @@ def test_over_links_peers_listen_on_their_namespace_address_and_bootstrap_to_pee
     assert [p.kwargs["netns"] for p in peers] == ["mb1-p0", "mb1-p1"]  # each peer forks into its own namespace
     argvs = [p.args[0] for p in peers]
     assert all(argv[0] == "run" for argv in argvs)
-    args = [build_run_parser().parse_args(argv[1:]) for argv in argvs]
+    split = [build_lab_parser().parse_known_args(argv) for argv in argvs]  # what `python -m lab.peer` reads
+    args = [build_run_parser().parse_args(rest[1:]) for _, rest in split]
     assert [a.listen[0].split("/tcp/")[0] for a in args] == ["/ip4/10.9.0.1", "/ip4/10.9.0.2"]
     assert args[0].bootstrap == [] and args[1].bootstrap[0].startswith(f"{args[0].listen[0]}/p2p/")
     assert [a.eval_every for a in args] == [6.0, 6.0] and [a.threads for a in args] == [1, 1]

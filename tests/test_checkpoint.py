@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from murmur.node.learn.checkpoint import CorruptCheckpoint, load_latest, read_checkpoint, save_checkpoint
+from murmur.node.learn.loop import TrainingLoop
 from murmur.node.learn.tasks import CharLMTask, DigitsTask
-from murmur.node.learn.trainer import Trainer
 
 
 def test_save_keeps_the_two_newest_and_loads_the_newest(tmp_path: Path) -> None:
@@ -54,20 +54,20 @@ def test_a_write_killed_midway_leaves_only_a_stray_temporary(tmp_path: Path) -> 
 
 
 def test_trainer_resumes_model_optimizer_and_counters(tmp_path: Path) -> None:
-    trainer = Trainer(DigitsTask(), shard=0)
+    trainer = TrainingLoop(DigitsTask(), shard=0)
     for _ in range(3):
         trainer.step()
-    save_checkpoint(tmp_path, trainer.checkpoint_state())
-    resumed = Trainer(DigitsTask(), shard=0)
-    resumed.restore(load_latest(tmp_path)[0])
-    assert (resumed.samples, resumed.weight) == (96, 96.0)
-    for name, tensor in trainer.snapshot().state.items():
-        torch.testing.assert_close(resumed.snapshot().state[name], tensor)
-    momentum = next(iter(resumed.optimizer.state.values()))["momentum_buffer"]
+    save_checkpoint(tmp_path, trainer.replica.checkpoint_state())
+    resumed = TrainingLoop(DigitsTask(), shard=0)
+    resumed.replica.restore(load_latest(tmp_path)[0])
+    assert (resumed.replica.samples, resumed.replica.work) == (96, 96.0)
+    for name, tensor in trainer.replica.snapshot().state.items():
+        torch.testing.assert_close(resumed.replica.snapshot().state[name], tensor)
+    momentum = next(iter(resumed.replica.optimizer.state.values()))["momentum_buffer"]
     assert momentum.abs().sum() > 0
 
 
 def test_a_checkpoint_of_another_task_is_refused(tmp_path: Path) -> None:
-    save_checkpoint(tmp_path, Trainer(DigitsTask(), shard=0).checkpoint_state())
+    save_checkpoint(tmp_path, TrainingLoop(DigitsTask(), shard=0).replica.checkpoint_state())
     with pytest.raises(ValueError, match="another task"):
-        Trainer(CharLMTask(), shard=0).restore(load_latest(tmp_path)[0])
+        TrainingLoop(CharLMTask(), shard=0).replica.restore(load_latest(tmp_path)[0])

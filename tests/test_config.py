@@ -10,6 +10,7 @@ import pytest
 from murmur.node.cli import main
 from murmur.node.ops.config import (
     DEFAULT_DATA_DIR,
+    Emulation,
     NodeConfig,
     RunOptions,
     add_options,
@@ -61,9 +62,9 @@ def test_a_repeated_flag_replaces_the_environment_list(parser: argparse.Argument
 def test_the_file_can_be_named_by_the_environment_and_flags_can_be_switched_off_there(
     parser: argparse.ArgumentParser, tmp_path: Path
 ) -> None:
-    config = _toml(tmp_path, "record-params = true\nmetrics-port = 9100\n")
-    args = resolve_options(parser, [], {"MURMUR_CONFIG": str(config), "MURMUR_RECORD_PARAMS": "off"})
-    assert (args.metrics_port, args.record_params, args.config) == (9100, False, config)
+    config = _toml(tmp_path, "relay-service = true\nmetrics-port = 9100\n")
+    args = resolve_options(parser, [], {"MURMUR_CONFIG": str(config), "MURMUR_RELAY_SERVICE": "off"})
+    assert (args.metrics_port, args.relay_service, args.config) == (9100, False, config)
 
 
 def test_every_run_option_is_explained_and_configurable(parser: argparse.ArgumentParser, tmp_path: Path) -> None:
@@ -103,7 +104,7 @@ def test_every_run_option_is_explained_and_configurable(parser: argparse.Argumen
             {},
             r"key 'metrics-port': invalid value 70000 for --metrics-port: port 70000 is not",
         ),
-        ("record-params = 'maybe'\n", {}, r"key 'record-params': --record-params is a flag"),
+        ("relay-service = 'maybe'\n", {}, r"key 'relay-service': --relay-service is a flag"),
         ("[run]\ntask = 'digits'\n", {}, r"unknown key 'run'"),
         ("task = \n", {}, r"not valid TOML"),
         ("", {"MURMUR_METRICS_PORT": "lots"}, r"MURMUR_METRICS_PORT: invalid value 'lots' for --metrics-port"),
@@ -140,16 +141,17 @@ RELAY = "/ip4/10.0.0.9/tcp/4001/p2p/12D3KooWMWEragtfmqe1iTDRvGnW7rd7RcskWi1wkUtU
 
 
 def _settings(argv: list[str], env: dict[str, str] | None = None) -> tuple[NodeConfig, RunOptions]:
-    return run_settings(resolve_options(build_run_parser(), argv, env or {}))
+    config, options, _ = run_settings(resolve_options(build_run_parser(), argv, env or {}))
+    return config, options
 
 
 def test_every_option_defaults_to_its_field_default(parser: argparse.ArgumentParser) -> None:
-    defaults = {**vars(NodeConfig()), **vars(RunOptions())}
+    defaults = {**vars(NodeConfig()), **vars(RunOptions()), **vars(Emulation())}
     options = [a for a in parser._actions if a.option_strings and a.dest != "help"]
     assert {a.dest for a in options} <= set(defaults)
     for action in options:
         assert action.default == defaults[action.dest], action.option_strings
-    assert _settings([]) == (NodeConfig(), RunOptions())
+    assert run_settings(resolve_options(build_run_parser(), [], {})) == (NodeConfig(), RunOptions(), Emulation())
     assert NodeConfig().data_dir == DEFAULT_DATA_DIR and NodeConfig().listen == ["/ip4/0.0.0.0/tcp/0"]
 
 
@@ -157,11 +159,11 @@ def test_settings_from_flags_equal_the_hand_built_ones(tmp_path: Path) -> None:
     argv = [
         "--data-dir", str(tmp_path), "--task", "charlm", "--run-id", "r1", "--listen", "/ip4/127.0.0.1/tcp/4001",
         "--listen", "/ip4/127.0.0.1/tcp/4002", "--bootstrap", BOOT_A, "--announce", "/ip4/203.0.113.7/tcp/4001",
-        "--relay", RELAY, "--relay-service", "--addr-file", str(tmp_path / "addrs"), "--slowdown", "2",
-        "--step-time", "20", "--weighting", "uniform", "--average-every", "0.5", "--exchange-timeout", "3",
+        "--relay", RELAY, "--relay-service", "--addr-file", str(tmp_path / "addrs"),
+        "--weighting", "uniform", "--average-every", "0.5", "--exchange-timeout", "3",
         "--liveness-timeout", "4", "--view-size", "0", "--eval-every", "2", "--duration", "60", "--shard", "7",
-        "--no-state-sync", "--start-at", "1700000000", "--start-file", str(tmp_path / "go"), "--checkpoint-every", "5",
-        "--record-params", "--allow-peers", str(tmp_path / "peers"), "--swarm-secret-file", str(tmp_path / "secret"),
+        "--no-state-sync", "--checkpoint-every", "5",
+        "--allow-peers", str(tmp_path / "peers"), "--swarm-secret-file", str(tmp_path / "secret"),
         "--max-connections", "50", "--wire-dtype", "int8", "--device", "cpu", "--mixed-precision",
         "--metrics-port", "9100", "--metrics-host", "0.0.0.0", "--threads", "2", "--log-level", "debug",
         "--log-format", "json",
@@ -170,9 +172,9 @@ def test_settings_from_flags_equal_the_hand_built_ones(tmp_path: Path) -> None:
     assert config == NodeConfig(
         data_dir=tmp_path, task="charlm", run_id="r1", listen=["/ip4/127.0.0.1/tcp/4001", "/ip4/127.0.0.1/tcp/4002"],
         bootstrap=[BOOT_A], announce=["/ip4/203.0.113.7/tcp/4001"], relays=[RELAY], relay_service=True,
-        addr_file=tmp_path / "addrs", slowdown=2.0, step_time_ms=20.0, weighting="uniform", average_every=0.5,
+        addr_file=tmp_path / "addrs", weighting="uniform", average_every=0.5,
         exchange_timeout=3.0, liveness_timeout=4.0, view_size=None, eval_every=2.0, duration=60.0, shard=7,
-        sync_state=False, start_at=1700000000.0, start_file=tmp_path / "go", checkpoint_every=5.0, record_params=True,
+        sync_state=False, checkpoint_every=5.0,
         allow_peers=tmp_path / "peers", swarm_secret_file=tmp_path / "secret", max_connections=50, wire_dtype="int8",
         device="cpu", mixed_precision=True, metrics_port=9100, metrics_host="0.0.0.0", threads=2,
     )  # fmt: skip
@@ -180,11 +182,11 @@ def test_settings_from_flags_equal_the_hand_built_ones(tmp_path: Path) -> None:
 
 
 def test_renamed_and_inverted_options_layer_like_the_others(tmp_path: Path) -> None:
-    config = _toml(tmp_path, f'step-time = 5\nrelay = ["{RELAY}"]\nview_size = 0\nno-state-sync = true\nthreads = 3\n')
-    env = {"MURMUR_STEP_TIME": "7", "MURMUR_NO_STATE_SYNC": "false", "MURMUR_CONFIG": str(config)}
+    config = _toml(tmp_path, f'relay = ["{RELAY}"]\nview_size = 0\nno-state-sync = true\nthreads = 3\n')
+    env = {"MURMUR_RELAY": "auto", "MURMUR_NO_STATE_SYNC": "false", "MURMUR_CONFIG": str(config)}
     node, options = _settings(["--threads", "1"], env)
-    assert (node.step_time_ms, node.sync_state, node.threads) == (7.0, True, 1)  # environment over file; flag over all
-    assert (node.relays, node.view_size, options.config) == ([RELAY], None, config)  # from the file
+    assert (node.relays, node.sync_state, node.threads) == (["auto"], True, 1)  # environment over file; flag over all
+    assert (node.view_size, options.config) == (None, config)  # from the file
     assert _settings(["--view-size", "5"], {"MURMUR_VIEW_SIZE": "0"})[0].view_size == 5
 
 
@@ -194,7 +196,7 @@ def test_an_empty_list_keeps_the_default_listen_address(tmp_path: Path) -> None:
     assert _settings([], {"MURMUR_BOOTSTRAP": ""})[0].bootstrap == []
 
 
-# A murmur.toml written before the options were generated from the settings: every documented key.
+# A murmur.toml that sets every option of `murmur run`.
 EVERY_KEY_TOML = f"""
 task = "digits"
 run-id = "swarm-1"
@@ -206,7 +208,6 @@ announce = ["/ip4/203.0.113.7/tcp/4001"]
 relay = ["{RELAY}"]
 relay-service = true
 slowdown = 1.5
-step-time = 20
 weighting = "uniform"
 merge = "outer"
 outer-lr = 0.5
@@ -215,7 +216,7 @@ average-every = 0.2
 exchange-share = 0.25
 exchange_timeout = 5
 min-link-mbit = 2.5
-partners = "link-speed"
+partners = "uniform"
 liveness-timeout = 12
 view-size = 0
 eval-every = 2
@@ -227,13 +228,9 @@ checkpoint-every = 60
 allow-peers = "/data/peers.txt"
 swarm-secret-file = "/data/secret"
 wire-dtype = "bfloat16"
-optimizer-state = "average"
-lr-scale = 0.5
+optimizer-state = "keep"
 ema-decay = 0.5
 max-connections = 100
-start-at = 1700000000
-start-file = "/data/start"
-record-params = false
 log-level = "warning"
 log_format = "json"
 metrics-port = 9100
@@ -244,21 +241,22 @@ threads = 4
 """
 
 
-def test_a_murmur_toml_with_every_documented_key_still_loads(tmp_path: Path) -> None:
-    documented = set(re.findall(r"^\| `--([a-z-]+)`", REFERENCE.read_text(), re.MULTILINE)) - {"config"}  # the file cannot name a file
+def test_a_murmur_toml_with_every_option_loads(parser: argparse.ArgumentParser, tmp_path: Path) -> None:
+    flags = {s.removeprefix("--") for a in parser._actions for s in a.option_strings if s.startswith("--")}
     keys = {line.split(" = ")[0].replace("_", "-") for line in EVERY_KEY_TOML.strip().splitlines()}
-    assert documented == keys
-    node, options = _settings(["--config", str(_toml(tmp_path, EVERY_KEY_TOML))])
+    assert flags - {"help", "config"} == keys  # the file cannot name a file
+    settings = run_settings(resolve_options(build_run_parser(), ["--config", str(_toml(tmp_path, EVERY_KEY_TOML))], {}))
+    node, options, emulation = settings
     assert node == NodeConfig(
         data_dir=Path("/data"), task="digits", run_id="swarm-1", listen=["/ip4/0.0.0.0/tcp/4001"], bootstrap=[BOOT_C],
         addr_file=Path("/data/addrs.txt"), announce=["/ip4/203.0.113.7/tcp/4001"], relays=[RELAY], relay_service=True,
-        slowdown=1.5, step_time_ms=20.0, weighting="uniform", merge="outer", outer_lr=0.5, outer_momentum=0.8, average_every=0.2, exchange_share=0.25, exchange_timeout=5.0,
-        min_link_mbit=2.5, partners="link-speed", liveness_timeout=12.0, view_size=None, eval_every=2.0, duration=600.0, shard=3, sync_state=False, nat_traversal=False,
+        weighting="uniform", merge="outer", outer_lr=0.5, outer_momentum=0.8, average_every=0.2, exchange_share=0.25, exchange_timeout=5.0,
+        min_link_mbit=2.5, partners="uniform", liveness_timeout=12.0, view_size=None, eval_every=2.0, duration=600.0, shard=3, sync_state=False, nat_traversal=False,
         checkpoint_every=60.0, allow_peers=Path("/data/peers.txt"), swarm_secret_file=Path("/data/secret"),
-        wire_dtype="bfloat16", optimizer_state="average", lr_scale=0.5, ema_decay=0.5, max_connections=100, start_at=1700000000.0, start_file=Path("/data/start"),
+        wire_dtype="bfloat16", optimizer_state="keep", ema_decay=0.5, max_connections=100,
         metrics_port=9100, metrics_host="0.0.0.0", device="cpu", threads=4,
     )  # fmt: skip
-    assert (options.log_level, options.log_format) == ("WARNING", "json")
+    assert (options.log_level, options.log_format, emulation) == ("WARNING", "json", Emulation(slowdown=1.5))
 
 
 def test_relay_auto_is_a_relay_value_and_nat_traversal_is_on_by_default() -> None:

@@ -12,8 +12,8 @@ import murmur.node.learn.device
 from murmur.node.averaging.outcome import Result
 from murmur.node.learn.checkpoint import read_checkpoint, save_checkpoint
 from murmur.node.learn.device import DeviceError, check_mixed_precision, cpu_copy, resolve_device, to_device
+from murmur.node.learn.loop import TrainingLoop
 from murmur.node.learn.tasks import Batch, DigitsTask
-from murmur.node.learn.trainer import Trainer
 from murmur.node.net.transport import MemoryNetwork
 from murmur.node.ops.node import STATUS_FILE, Node, NodeConfig
 from murmur.node.ops.node_status import NodeStatus
@@ -80,7 +80,7 @@ def test_mixed_precision_is_refused_off_cuda() -> None:
     with pytest.raises(DeviceError, match="needs a CUDA device"):
         check_mixed_precision(torch.device("cpu"))
     with pytest.raises(DeviceError, match="needs a CUDA device"):
-        Trainer(DigitsTask(), shard=0, device="cpu", mixed_precision=True)
+        TrainingLoop(DigitsTask(), shard=0, device="cpu", mixed_precision=True)
 
 
 # --- helpers ------------------------------------------------------------------------------
@@ -113,7 +113,7 @@ async def test_cpu_nodes_train_and_merge(tmp_path: Path) -> None:
             addrs = await tg.start(first.run)
             second = make("second", [addrs[0]])
             await tg.start(second.run)
-            while not (second.averager.outcomes[Result.MERGED] and second.trainer.samples):  # not a fixed training time
+            while not (second.averager.outcomes[Result.MERGED] and second.replica.samples):  # not a fixed training time
                 await anyio.sleep(0.05)
             first.request_stop()
             second.request_stop()
@@ -125,52 +125,52 @@ async def test_cpu_nodes_train_and_merge(tmp_path: Path) -> None:
 # --- device- and dtype-independent exchange -----------------------------------------------
 
 
-def _exchange(a: Trainer, b: Trainer) -> None:
+def _exchange(a: TrainingLoop, b: TrainingLoop) -> None:
     """One uniform merge between `a` and `b` through the codec, as the averager does it."""
-    snap_a, snap_b = a.snapshot(), b.snapshot()
-    remote_for_b = decode_state(encode_state(snap_a.state, a.spec), b.spec)
-    remote_for_a = decode_state(encode_state(snap_b.state, b.spec), a.spec)
-    a.merge(snap_a, remote_for_a, 0.5, 1.0)
-    b.merge(snap_b, remote_for_b, 0.5, 1.0)
+    snap_a, snap_b = a.replica.snapshot(), b.replica.snapshot()
+    remote_for_b = decode_state(encode_state(snap_a.state, a.replica.spec), b.replica.spec)
+    remote_for_a = decode_state(encode_state(snap_b.state, b.replica.spec), a.replica.spec)
+    a.replica.merge(snap_a, remote_for_a, 0.5, 1.0)
+    b.replica.merge(snap_b, remote_for_b, 0.5, 1.0)
 
 
 @pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float64, 1e-6), (torch.bfloat16, 2e-2)])
 def test_peers_in_different_dtypes_pair_and_merge_through_the_codec(dtype: torch.dtype, tolerance: float) -> None:
-    a = Trainer(DigitsTask(), shard=1, device="cpu")
-    b = Trainer(CastDigits(dtype), shard=2, device="cpu")
-    assert a.fingerprint == b.fingerprint  # the dtype is not part of a model's identity
+    a = TrainingLoop(DigitsTask(), shard=1, device="cpu")
+    b = TrainingLoop(CastDigits(dtype), shard=2, device="cpu")
+    assert a.replica.fingerprint == b.replica.fingerprint  # the dtype is not part of a model's identity
     for _ in range(3):
         a.step(), b.step()
-    before_a, before_b = a.snapshot().state, b.snapshot().state
+    before_a, before_b = a.replica.snapshot().state, b.replica.snapshot().state
     assert all(t.dtype == torch.float32 and t.device.type == "cpu" for t in before_b.values())
     _exchange(a, b)
-    after_a, after_b = a.snapshot().state, b.snapshot().state
+    after_a, after_b = a.replica.snapshot().state, b.replica.snapshot().state
     for name in after_a:
         mean = (before_a[name] + before_b[name]) / 2
         torch.testing.assert_close(after_a[name], mean, atol=tolerance, rtol=tolerance)
         torch.testing.assert_close(after_b[name], mean, atol=tolerance, rtol=tolerance)
-    assert next(b.model.parameters()).dtype == dtype  # merging does not change a model's own dtype
+    assert next(b.replica.model.parameters()).dtype == dtype  # merging does not change a model's own dtype
     b.step()  # and it still trains
 
 
 def test_adopt_and_checkpoints_cross_dtypes(tmp_path: Path) -> None:
-    source = Trainer(DigitsTask(), shard=1, device="cpu")
+    source = TrainingLoop(DigitsTask(), shard=1, device="cpu")
     for _ in range(3):
         source.step()
-    state = source.checkpoint_state()
+    state = source.replica.checkpoint_state()
     assert all(t.device.type == "cpu" for t in state["model"].values())
-    resumed = Trainer(CastDigits(torch.float64), shard=1, device="cpu")
-    resumed.restore(read_checkpoint(save_checkpoint(tmp_path, state)))
-    assert (resumed.samples, resumed.weight) == (source.samples, source.weight)
-    for name, tensor in source.model.state_dict().items():
-        assert resumed.model.state_dict()[name].dtype == torch.float64
-        torch.testing.assert_close(resumed.model.state_dict()[name].float(), tensor)
-    momentum = next(iter(resumed.optimizer.state.values()))["momentum_buffer"]
+    resumed = TrainingLoop(CastDigits(torch.float64), shard=1, device="cpu")
+    resumed.replica.restore(read_checkpoint(save_checkpoint(tmp_path, state)))
+    assert (resumed.replica.samples, resumed.replica.work) == (source.replica.samples, source.replica.work)
+    for name, tensor in source.replica.model.state_dict().items():
+        assert resumed.replica.model.state_dict()[name].dtype == torch.float64
+        torch.testing.assert_close(resumed.replica.model.state_dict()[name].float(), tensor)
+    momentum = next(iter(resumed.replica.optimizer.state.values()))["momentum_buffer"]
     assert momentum.dtype == torch.float64  # optimizer state follows its parameters
-    fresh = Trainer(CastDigits(torch.float64), shard=3, device="cpu")
-    fresh.adopt(source.snapshot().state, weight=source.weight)
-    for name, tensor in fresh.snapshot().state.items():
-        torch.testing.assert_close(tensor, source.snapshot().state[name])
+    fresh = TrainingLoop(CastDigits(torch.float64), shard=3, device="cpu")
+    fresh.replica.adopt(source.replica.snapshot().state, work=source.replica.work)
+    for name, tensor in fresh.replica.snapshot().state.items():
+        torch.testing.assert_close(tensor, source.replica.snapshot().state[name])
 
 
 # --- GPU (skipped without one) ------------------------------------------------------------
@@ -178,23 +178,23 @@ def test_adopt_and_checkpoints_cross_dtypes(tmp_path: Path) -> None:
 
 @needs_cuda
 def test_cuda_trainer_exchanges_with_a_cpu_trainer_and_checkpoints_portably(tmp_path: Path) -> None:
-    gpu = Trainer(DigitsTask(), shard=1, device=resolve_device("cuda"))
-    cpu = Trainer(DigitsTask(), shard=2, device="cpu")
+    gpu = TrainingLoop(DigitsTask(), shard=1, device=resolve_device("cuda"))
+    cpu = TrainingLoop(DigitsTask(), shard=2, device="cpu")
     for _ in range(3):
         gpu.step(), cpu.step()
-    assert next(gpu.model.parameters()).is_cuda
-    assert all(t.device.type == "cpu" for t in gpu.snapshot().state.values())
-    before_gpu, before_cpu = gpu.snapshot().state, cpu.snapshot().state
+    assert next(gpu.replica.model.parameters()).is_cuda
+    assert all(t.device.type == "cpu" for t in gpu.replica.snapshot().state.values())
+    before_gpu, before_cpu = gpu.replica.snapshot().state, cpu.replica.snapshot().state
     _exchange(gpu, cpu)
-    for name, tensor in gpu.snapshot().state.items():
+    for name, tensor in gpu.replica.snapshot().state.items():
         torch.testing.assert_close(tensor, (before_gpu[name] + before_cpu[name]) / 2)
-        torch.testing.assert_close(tensor, cpu.snapshot().state[name])
-    path = save_checkpoint(tmp_path, gpu.checkpoint_state())
-    on_cpu = Trainer(DigitsTask(), shard=1, device="cpu")
-    on_cpu.restore(read_checkpoint(path))
+        torch.testing.assert_close(tensor, cpu.replica.snapshot().state[name])
+    path = save_checkpoint(tmp_path, gpu.replica.checkpoint_state())
+    on_cpu = TrainingLoop(DigitsTask(), shard=1, device="cpu")
+    on_cpu.replica.restore(read_checkpoint(path))
     on_cpu.step()  # optimizer state came back on the CPU too
-    back_on_gpu = Trainer(DigitsTask(), shard=1, device="cuda")
-    back_on_gpu.restore(read_checkpoint(path))
+    back_on_gpu = TrainingLoop(DigitsTask(), shard=1, device="cuda")
+    back_on_gpu.replica.restore(read_checkpoint(path))
     back_on_gpu.step()
 
 
@@ -202,11 +202,11 @@ def test_cuda_trainer_exchanges_with_a_cpu_trainer_and_checkpoints_portably(tmp_
 def test_mixed_precision_trains_on_cuda() -> None:
     if not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bfloat16")
-    trainer = Trainer(DigitsTask(), shard=0, device="cuda", mixed_precision=True)
+    trainer = TrainingLoop(DigitsTask(), shard=0, device="cuda", mixed_precision=True)
     losses = []
     for _ in range(30):
         trainer.step()
-        losses.append(trainer.last_loss)
-    assert next(trainer.model.parameters()).dtype == torch.float32  # autocast leaves the weights alone
+        losses.append(trainer.replica.last_loss)
+    assert next(trainer.replica.model.parameters()).dtype == torch.float32  # autocast leaves the weights alone
     assert losses[-1] < losses[0]
     assert trainer.evaluate().metrics["accuracy"] > 0.5

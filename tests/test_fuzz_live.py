@@ -11,6 +11,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from murmur.node.averaging.averager import AVERAGE_PROTOCOL
 from murmur.node.averaging.outcome import Result
 from murmur.node.averaging.state_sync import STATE_PROTOCOL
+from murmur.node.learn.step import Pacing
 from murmur.node.net.libp2p_transport import Libp2pTransport
 from murmur.node.net.membership import PEERS_PROTOCOL
 from murmur.node.net.security import BanList, GuardedTransport
@@ -63,11 +64,11 @@ def mutate(rng: random.Random, frames: list[bytes]) -> bytes:
 
 async def test_node_survives_ten_thousand_hostile_frames(tmp_path: Path) -> None:
     bans = BanList(strikes_to_ban=10**9)  # keep the fuzzer talking so every decoder is exercised
-    config = NodeConfig(data_dir=tmp_path / "node", listen=["/ip4/127.0.0.1/tcp/0"], step_time_ms=5, checkpoint_every=1e9)
-    node = Node(config, GuardedTransport(Libp2pTransport(create_new_key_pair()), bans=bans, max_streams_per_peer=64), bans)
+    config = NodeConfig(data_dir=tmp_path / "node", listen=["/ip4/127.0.0.1/tcp/0"], checkpoint_every=1e9)
+    node = Node(config, GuardedTransport(Libp2pTransport(create_new_key_pair()), bans=bans, max_streams_per_peer=64), bans, pacing=Pacing(step_time_ms=5))
     fuzzer = Libp2pTransport(create_new_key_pair())
     rng = random.Random(0)
-    frames = valid_frames(node.trainer.fingerprint)
+    frames = valid_frames(node.replica.fingerprint)
     async with anyio.create_task_group() as tg, fuzzer.run(["/ip4/127.0.0.1/tcp/0"]):
         addrs = await tg.start(node.run)
         with anyio.fail_after(30):  # training has started
@@ -102,7 +103,7 @@ async def test_node_survives_ten_thousand_hostile_frames(tmp_path: Path) -> None
                       Libp2pTransport(create_new_key_pair()))
         async with honest.transport.run(honest.config.listen):
             for _ in range(3):
-                honest.trainer.step()
+                honest.loop.step()
             with anyio.fail_after(30):
                 for _ in range(50):  # the node may be busy in an exchange of its own: retry
                     outcome = await honest.averager.exchange_with(node.peer_id, addrs)

@@ -86,4 +86,4 @@ def test_a_trainer_and_a_loop_on_another_thread_train_together(tmp_path: Path) -
     assert status_hf["samples"] == 150 * 16  # batch x accumulation per optimizer step
     assert status_hf["exchanges"].get("merged", 0) > 0 and status_loop["exchanges"].get("merged", 0) > 0
     # GPT-2's output layer is its token embedding: it travels and merges as one tensor.
-    assert callback.peer.node.trainer.exchanged.aliases == {"lm_head.weight": "transformer.wte.weight"}
+    assert callback.peer.node.replica.exchanged.aliases == {"lm_head.weight": "transformer.wte.weight"}

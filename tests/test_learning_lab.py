@@ -7,9 +7,9 @@ import torch
 
 from lab.learning import Variant, method
 from lab.replicas import Gossip, Sync, Synced, merge_pair, run, with_optimizer
+from murmur.node.learn.loop import TrainingLoop
 from murmur.node.learn.rules import make_rule
 from murmur.node.learn.tasks import DigitsTask
-from murmur.node.learn.trainer import Trainer
 
 
 def _flat(model: torch.nn.Module) -> torch.Tensor:
@@ -63,18 +63,18 @@ def test_optimizer_choices() -> None:
 
 def test_a_lagged_merge_applies_the_snapshots_and_keeps_the_steps_taken_meanwhile() -> None:
     task = DigitsTask()
-    a, b = (Trainer(task, shard=i, rule=make_rule("work", "average")) for i in range(2))
-    for trainer in (a, b):
-        trainer.step()
-    snapshots = a.snapshot(), b.snapshot()
+    a, b = (TrainingLoop(task, shard=i, rule=make_rule("work", "average")) for i in range(2))
+    for loop in (a, b):
+        loop.step()
+    snapshots = a.replica.snapshot(), b.replica.snapshot()
     a.step()  # during the exchange
-    before = {n: t.clone() for n, t in a.exchanged.items()}
-    merge_pair(a, b, snapshots=snapshots)
-    for name, now in a.exchanged.items():
+    before = {n: t.clone() for n, t in a.replica.exchanged.items()}
+    merge_pair(a.replica, b.replica, snapshots=snapshots)
+    for name, now in a.replica.exchanged.items():
         expected = before[name] + 0.5 * (snapshots[1].state[name] - snapshots[0].state[name])
         torch.testing.assert_close(now, expected)
     # Both had 32 samples of work at the snapshots and keep the pair's mean; a also keeps its later step.
-    assert (a.weight, b.weight) == (64, 32)
+    assert (a.replica.work, b.replica.work) == (64, 32)
 
 
 @pytest.mark.parametrize("lag", [0.0, 1.5])

@@ -8,6 +8,8 @@ import anyio
 import pytest
 
 from murmur.node.averaging.outcome import Result
+from murmur.node.learn.loop import Evaluation
+from murmur.node.learn.step import Pacing
 from murmur.node.net.identity import load_or_create_identity
 from murmur.node.net.transport import MemoryNetwork
 from murmur.node.ops.node import METRICS_FILE, STATUS_FILE, Node, NodeConfig, build_node
@@ -57,31 +59,53 @@ async def test_node_saves_on_exit_and_resumes_from_its_checkpoint(tmp_path: Path
     with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:
             tg.start_soon(first.run)
-            tg.start_soon(stop_when, [first], lambda: first.trainer.samples > 0)
-    assert first.trainer.samples > 0
+            tg.start_soon(stop_when, [first], lambda: first.replica.samples > 0)
+    assert first.replica.samples > 0
     again = Node(config, net.transport("n"))
     assert again.resumed_from is not None
-    assert (again.trainer.samples, again.trainer.weight) == (first.trainer.samples, first.trainer.weight)
+    assert (again.replica.samples, again.replica.work) == (first.replica.samples, first.replica.work)
 
 
-async def test_node_waits_for_its_start_file_then_trains_from_the_time_it_holds(tmp_path: Path) -> None:
-    start_file = tmp_path / "start"
-    node = Node(NodeConfig(data_dir=tmp_path / "n", duration=0.5, start_file=start_file), MemoryNetwork().transport("n"))
+async def test_node_waits_at_its_start_gate_then_trains(tmp_path: Path) -> None:
+    node = Node(NodeConfig(data_dir=tmp_path / "n", duration=0.5), MemoryNetwork().transport("n"))
+    opened = anyio.Event()
+    node.start_gate = opened.wait
     with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:
             tg.start_soon(node.run)
-            with anyio.fail_after(10):
-                while node.phase != "waiting":
-                    await anyio.sleep(0.02)
+            while node.phase != "waiting":
+                await anyio.sleep(0.02)
             assert NodeStatus.from_json((node.config.data_dir / STATUS_FILE).read_text()).phase == "waiting"
-            await anyio.sleep(0.3)
-            assert node.trainer.samples == 0  # ready, but not told to start
-            begin = time.time() + 0.5
-            start_file.with_name("start.tmp").write_text(str(begin))
-            start_file.with_name("start.tmp").replace(start_file)
+            assert node.replica.samples == 0  # ready, but not told to start
+            begin = time.time()
+            opened.set()
     records = [json.loads(line) for line in (node.config.data_dir / METRICS_FILE).read_text().splitlines()]
-    assert records[0]["t"] >= begin and node.trainer.samples > 0
+    assert records[0]["t"] >= begin and node.replica.samples > 0
     assert NodeStatus.from_json((node.config.data_dir / STATUS_FILE).read_text()).phase == "training"
+
+
+async def test_evaluations_reach_the_listener_after_their_metrics_line(tmp_path: Path) -> None:
+    node = Node(NodeConfig(data_dir=tmp_path / "n", eval_every=0.05), MemoryNetwork().transport("n"))
+    heard: list[tuple[Evaluation, int]] = []
+
+    def listen(evaluation: Evaluation) -> None:
+        heard.append((evaluation, len((node.config.data_dir / METRICS_FILE).read_text().splitlines())))
+
+    node.on_evaluation = listen
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(node.run)
+            tg.start_soon(stop_when, [node], lambda: len(heard) >= 2)
+    records = [json.loads(line) for line in (node.config.data_dir / METRICS_FILE).read_text().splitlines()]
+    assert [n for _, n in heard[:2]] == [1, 2]
+    assert [(e.samples, e.work) for e, _ in heard[:2]] == [(r["samples"], r["work"]) for r in records[:2]]
+
+
+async def test_the_pacing_given_paces_the_steps(tmp_path: Path) -> None:
+    paced = Node(NodeConfig(data_dir=tmp_path / "n", duration=0.5), MemoryNetwork().transport("n"), pacing=Pacing(step_time_ms=100))
+    with anyio.fail_after(30):
+        await paced.run()
+    assert 1 <= paced.stats.steps <= 6  # 100 ms a step, for half a second
 
 
 async def test_node_prints_listen_then_announced_addresses(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -6,6 +6,7 @@ import anyio
 import pytest
 from libp2p.crypto.ed25519 import create_new_key_pair
 
+from murmur.node.learn.step import Pacing
 from murmur.node.net.libp2p_transport import Libp2pTransport
 from murmur.node.net.transport import FaultInjector
 from murmur.node.ops.node import Node, NodeConfig
@@ -14,7 +15,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 
 def distance(a: Node, b: Node) -> float:
-    sa, sb = a.trainer.snapshot().state, b.trainer.snapshot().state
+    sa, sb = a.replica.snapshot().state, b.replica.snapshot().state
     return sum(((sa[n] - sb[n]) ** 2).sum().item() for n in sa)
 
 
@@ -37,10 +38,10 @@ async def test_partition_heals_and_consensus_distance_falls(tmp_path: Path) -> N
     def make(i: int, bootstrap: list[str]) -> tuple[Node, FaultInjector]:
         transport = FaultInjector(Libp2pTransport(create_new_key_pair()))
         config = NodeConfig(
-            data_dir=tmp_path / f"p{i}", listen=["/ip4/127.0.0.1/tcp/0"], bootstrap=bootstrap, step_time_ms=5,
+            data_dir=tmp_path / f"p{i}", listen=["/ip4/127.0.0.1/tcp/0"], bootstrap=bootstrap,
             gossip_every=0.3, liveness_timeout=2.0, exchange_timeout=2.0, checkpoint_every=1e9,
         )
-        return Node(config, transport), transport
+        return Node(config, transport, pacing=Pacing(step_time_ms=5)), transport
 
     async with anyio.create_task_group() as tg:
         first, t0 = make(0, [])

@@ -1,13 +1,14 @@
-"""Partner choice: uniform, or in proportion to each member's measured exchange speed."""
+"""Partner choice: uniform by default; a table picks by whatever choice it is given (the lab registers more)."""
 
 from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Sequence
 
 import pytest
 
-from murmur.node.net.partners import PARTNER_CHOICES, LinkSpeedPartners, UniformPartners
+from murmur.node.net.partners import PARTNER_CHOICES, UniformPartners
 from murmur.node.net.peers import PeerEntry, PeerTable
 
 
@@ -26,36 +27,25 @@ def test_uniform_ignores_link_speed() -> None:
     assert all(f == pytest.approx(1 / 3, abs=0.02) for f in freq.values())
 
 
-def test_link_speed_picks_in_proportion_to_measured_speed() -> None:
-    # 50, 20 and 10 Mbit/s partners: each gets about the same share of this peer's exchange time.
-    freq = _frequencies(LinkSpeedPartners(), _members(6.25e6, 2.5e6, 1.25e6))
-    assert freq == pytest.approx({"p0": 0.625, "p1": 0.25, "p2": 0.125}, abs=0.02)
+def test_the_product_offers_uniform_partners() -> None:
+    assert isinstance(PARTNER_CHOICES["uniform"](), UniformPartners)
 
 
-def test_an_unmeasured_member_counts_as_the_fastest_so_it_gets_measured() -> None:
-    freq = _frequencies(LinkSpeedPartners(), _members(4e6, 1e6, None))
-    assert freq == pytest.approx({"p0": 4 / 9, "p1": 1 / 9, "p2": 4 / 9}, abs=0.02)
+class FastestPartners:
+    """A test-only choice: the member with the fastest measured exchanges."""
+
+    name = "fastest-test"
+
+    def pick(self, members: Sequence[PeerEntry], rng: random.Random) -> tuple[PeerEntry, str]:
+        return max(members, key=lambda m: m.exchange_rate or 0.0), "fastest"
 
 
-def test_link_speed_without_any_measurement_is_uniform_and_says_so() -> None:
-    members = _members(None, None)
-    entry, reason = LinkSpeedPartners().pick(members, random.Random(0))
-    assert entry in members and reason == "random pick among 2 live peers (no link measured yet)"
-    assert _frequencies(LinkSpeedPartners(), members) == pytest.approx({"p0": 0.5, "p1": 0.5}, abs=0.02)
-
-
-def test_the_reason_states_the_pick_and_its_probability() -> None:
-    _, reason = LinkSpeedPartners().pick(_members(3e6), random.Random(0))
-    assert reason == "link-speed pick among 1 live peers (its exchanges: 3.00 MB/s; p=1.00)"
-
-
-def test_a_table_picks_partners_by_its_choice() -> None:
-    table = PeerTable("self", liveness_timeout=30.0, partners=PARTNER_CHOICES["link-speed"]())
+def test_a_table_picks_partners_by_its_choice_from_measured_exchanges() -> None:
+    table = PeerTable("self", liveness_timeout=30.0, partners=FastestPartners())
     for peer_id in ("fast", "slow"):
         table.observe(peer_id, [f"/dns/{peer_id}/tcp/1"], now=0.0)
     table.record_exchange("fast", 9_000_000, 1.0, now=1.0)
     table.record_exchange("slow", 1_000_000, 1.0, now=1.0)
     rng = random.Random(0)
-    picks = Counter(table.select_partner(rng, set())[0].peer_id for _ in range(5_000))  # type: ignore[union-attr]
-    assert picks["fast"] / 5_000 == pytest.approx(0.9, abs=0.02)
+    assert table.select_partner(rng, set()) == (table.members["fast"], "fastest")
     assert table.select_partner(rng, {"fast"})[0].peer_id == "slow"  # type: ignore[union-attr]

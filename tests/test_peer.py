@@ -117,8 +117,8 @@ def test_options_are_murmur_runs_with_its_names_and_defaults(tmp_path: Path) -> 
         murmur.Peer(model, optimizer, bootstrap="/ip4/127.0.0.1/tcp/1/p2p/x", data_dir=tmp_path)
     with pytest.raises(ValueError, match="invalid bootstrap"):
         murmur.Peer(model, optimizer, bootstrap=["/ip4/127.0.0.1/tcp/1"], data_dir=tmp_path)
-    with pytest.raises(ValueError, match="slowdown is for `murmur run`'s own training loop"):
-        murmur.Peer(model, optimizer, slowdown=2.0, data_dir=tmp_path)
+    with pytest.raises(ValueError, match="duration is for `murmur run`'s own training loop"):
+        murmur.Peer(model, optimizer, duration=2.0, data_dir=tmp_path)
     with pytest.raises(ValueError, match="ema_decay is for `murmur run`'s own training loop; a murmur.Peer trains and evaluates"):
         murmur.Peer(model, optimizer, ema_decay=0.0, data_dir=tmp_path)
     with pytest.raises(ValueError, match="exactly one of samples= or tokens="):

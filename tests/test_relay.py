@@ -20,8 +20,8 @@ from murmur.node.averaging.averager import Averager
 from murmur.node.averaging.factory import build_averager
 from lab.swarm import ForkedPeer, stop_processes
 from murmur.node.averaging.outcome import Result
+from murmur.node.learn.loop import TrainingLoop
 from murmur.node.learn.tasks import DigitsTask
-from murmur.node.learn.trainer import Trainer
 from murmur.node.net.libp2p_transport import Libp2pTransport
 from murmur.node.net.membership import PEERS_PROTOCOL, Membership
 from murmur.node.net.peers import PeerTable
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.anyio
 @dataclass
 class Peer:
     transport: Libp2pTransport
-    trainer: Trainer
+    loop: TrainingLoop
     table: PeerTable
     averager: Averager
     membership: Membership
@@ -49,13 +49,13 @@ class Peer:
 
 
 def make_peer(transport: Libp2pTransport, shard: int) -> Peer:
-    trainer = Trainer(DigitsTask(), shard=shard)
+    loop = TrainingLoop(DigitsTask(), shard=shard)
     table = PeerTable(transport.peer_id, liveness_timeout=1e9)
     rng = random.Random(shard)
-    averager = build_averager(transport, trainer, table=table, rng=rng)
+    averager = build_averager(transport, loop.replica, table=table, rng=rng)
     membership = Membership(transport, table, averager.identity, rng=rng, clock=lambda: 0.0)
     transport.set_handler(PEERS_PROTOCOL, membership.serve)
-    return Peer(transport, trainer, table, averager, membership)
+    return Peer(transport, loop, table, averager, membership)
 
 
 @asynccontextmanager
@@ -87,14 +87,14 @@ async def test_peers_behind_nat_exchange_models_through_a_relay() -> None:
             assert b.table.candidates.get(a.id) == a.transport.addresses()
             assert await b.membership.greet(a.id, b.table.candidates[a.id]) == "ok"
             for _ in range(3):
-                a.trainer.step()
-                b.trainer.step()
-            before_a, before_b = a.trainer.snapshot().state, b.trainer.snapshot().state
+                a.loop.step()
+                b.loop.step()
+            before_a, before_b = a.loop.replica.snapshot().state, b.loop.replica.snapshot().state
             outcome = await b.averager.exchange_with(a.id, b.table.members[a.id].addrs)
             while a.averager.outcomes[Result.MERGED] < 1:  # the responder finishes a moment later
                 await anyio.sleep(0.01)
             assert outcome.result == Result.MERGED, outcome.reason
-            after_a, after_b = a.trainer.snapshot().state, b.trainer.snapshot().state
+            after_a, after_b = a.loop.replica.snapshot().state, b.loop.replica.snapshot().state
             assert any(not torch.equal(before_a[k], after_a[k]) for k in before_a)
             assert any(not torch.equal(before_b[k], after_b[k]) for k in before_b)
             # Every A-B connection is a circuit through R, secured by a Noise session between A and B

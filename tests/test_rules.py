@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from murmur.node.learn.rules import RULES, MergeDelta, MixDecision, UniformRule, WorkRule, make_rule
+from murmur.node.learn.rules import OPTIMIZER_STATE, RULES, MergeDelta, MixDecision, UniformRule, WorkRule, make_rule
 from murmur.protocol.messages import MAX_WORK
 
 POLICY_NAMES = sorted(RULES)
@@ -73,7 +73,7 @@ def test_work_merge_is_the_work_weighted_mean(w_l: float, w_r: float, seed_l: in
     assert mix_l.remote_share == pytest.approx(w_r / (w_l + w_r))
     expected = {n: (w_l * theta_l[n] + w_r * theta_r[n]) / (w_l + w_r) for n in theta_l}
     assert _close(merged_l, expected)
-    assert mix_l.weight_after == pytest.approx((w_l + w_r) / 2)
+    assert mix_l.work_after == pytest.approx((w_l + w_r) / 2)
 
 
 @given(positive_weights, positive_weights, seeds, seeds)
@@ -90,7 +90,7 @@ def test_uniform_merge_takes_equal_shares(w_l: float, w_r: float, seed_l: int, s
 def test_both_sides_reach_the_same_model_and_weight(policy_name: str, w_l: float, w_r: float, seed_l: int, seed_r: int) -> None:
     _, _, mix_l, mix_r, merged_l, merged_r = _both_sides(policy_name, w_l, w_r, seed_l, seed_r)
     assert mix_l.remote_share + mix_r.remote_share == pytest.approx(1.0)
-    assert mix_l.weight_after == mix_r.weight_after
+    assert mix_l.work_after == mix_r.work_after
     assert _close(merged_l, merged_r)
 
 
@@ -98,7 +98,7 @@ def test_both_sides_reach_the_same_model_and_weight(policy_name: str, w_l: float
 @given(w_l=weights, w_r=weights)
 def test_total_weight_is_conserved(policy_name: str, w_l: float, w_r: float) -> None:
     policy = make_rule(policy_name)
-    after = policy.decide(w_l, w_r).weight_after + policy.decide(w_r, w_l).weight_after
+    after = policy.decide(w_l, w_r).work_after + policy.decide(w_r, w_l).work_after
     assert after == pytest.approx(w_l + w_r)
 
 
@@ -109,7 +109,7 @@ def test_work_merge_conserves_weighted_parameters(w_l: float, w_r: float, seed_l
     scale = max(w_l + w_r, 1.0)
     for n in theta_l:
         before = w_l * theta_l[n] + w_r * theta_r[n]
-        after = mix_l.weight_after * merged_l[n] + mix_r.weight_after * merged_r[n]
+        after = mix_l.work_after * merged_l[n] + mix_r.work_after * merged_r[n]
         assert torch.allclose(after / scale, before / scale, rtol=1e-9, atol=1e-9), n
 
 
@@ -181,3 +181,11 @@ def test_a_peer_without_work_never_screens_its_partner(policy_name: str, w: floa
     # Nothing of its own to defend; and screening identical initial models would learn a zero radius.
     assert make_rule(policy_name).decide(0.0, w).screen is False
     assert make_rule(policy_name).decide(1.0 + w, w).screen is True
+
+
+def test_optimizer_state_handling_is_a_registry_that_make_rule_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert make_rule("work").optimizer_state == () and list(OPTIMIZER_STATE) == ["keep"]
+    monkeypatch.setitem(OPTIMIZER_STATE, "momentum-test", ("momentum_buffer",))
+    assert make_rule("uniform", optimizer_state="momentum-test").optimizer_state == ("momentum_buffer",)
+    with pytest.raises(ValueError, match=r"unknown optimizer state handling 'average'; choose from \['keep', 'momentum-test'\]"):
+        make_rule("work", optimizer_state="average")

@@ -7,10 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from murmur.node.learn.loop import TrainingLoop
 from murmur.node.learn.rules import MergeDelta, make_rule
 from murmur.node.learn.rules.outer import OuterRule
 from murmur.node.learn.tasks import DigitsTask
-from murmur.node.learn.trainer import Trainer
 
 SHAPES = {"w": (3, 2), "b": (4,)}
 seeds = st.integers(0, 2**32 - 1)
@@ -50,37 +50,37 @@ def test_decision_is_work_weighted_and_conserves_total_weight() -> None:
     rule = make_rule("work", "outer")
     a, b = rule.decide(3.0, 1.0), rule.decide(1.0, 3.0)
     assert a.remote_share == pytest.approx(0.25) and a.remote_share + b.remote_share == pytest.approx(1.0)
-    assert a.weight_after + b.weight_after == pytest.approx(4.0)
+    assert a.work_after + b.work_after == pytest.approx(4.0)
     assert a.reason == "outer step toward the work: partner holds 25% of the pair's work"
     assert rule.decide(0.0, 5.0).remote_share == 1.0  # a newcomer still adopts
 
 
 def test_checkpoint_and_restore_are_exact() -> None:
-    original = Trainer(DigitsTask(), shard=0, rule=OuterRule(lr=0.7, momentum=0.9))
+    original = TrainingLoop(DigitsTask(), shard=0, rule=OuterRule(lr=0.7, momentum=0.9))
     for _ in range(3):
         original.step()
-    snapshot = original.snapshot()
+    snapshot = original.replica.snapshot()
     remote = {n: t + 0.01 for n, t in snapshot.state.items()}
-    original.merge(snapshot, remote, 0.5, snapshot.weight)
-    restored = Trainer(DigitsTask(), shard=0, rule=OuterRule())
-    restored.restore(original.checkpoint_state())
-    assert (restored.rule.lr, restored.rule.momentum) == (0.7, 0.9)
-    for name in original.rule.anchor:
-        assert torch.equal(restored.rule.anchor[name], original.rule.anchor[name])
-        assert torch.equal(restored.rule.velocity[name], original.rule.velocity[name])
+    original.replica.merge(snapshot, remote, 0.5, snapshot.work)
+    restored = TrainingLoop(DigitsTask(), shard=0, rule=OuterRule())
+    restored.replica.restore(original.replica.checkpoint_state())
+    assert (restored.replica.rule.lr, restored.replica.rule.momentum) == (0.7, 0.9)
+    for name in original.replica.rule.anchor:
+        assert torch.equal(restored.replica.rule.anchor[name], original.replica.rule.anchor[name])
+        assert torch.equal(restored.replica.rule.velocity[name], original.replica.rule.velocity[name])
     # The next merge moves both the same way.
-    a, b = original.snapshot(), restored.snapshot()
-    da, db = original.rule.delta(a.state, remote, 0.5), restored.rule.delta(b.state, remote, 0.5)
+    a, b = original.replica.snapshot(), restored.replica.snapshot()
+    da, db = original.replica.rule.delta(a.state, remote, 0.5), restored.replica.rule.delta(b.state, remote, 0.5)
     assert all(torch.equal(da[n], db[n]) for n in da)
 
 
 def test_state_sync_restarts_from_the_adopted_model() -> None:
-    trainer = Trainer(DigitsTask(), shard=0, rule=OuterRule())
-    adopted = {n: torch.full_like(t, 0.5) for n, t in trainer.snapshot().state.items()}
-    trainer.rule.velocity = {n: torch.ones_like(t) for n, t in adopted.items()}
-    trainer.adopt(adopted, 100.0)
-    assert all(torch.equal(trainer.rule.anchor[n], adopted[n]) for n in adopted)
-    assert all(not trainer.rule.velocity[n].any() for n in adopted)
+    loop = TrainingLoop(DigitsTask(), shard=0, rule=OuterRule())
+    adopted = {n: torch.full_like(t, 0.5) for n, t in loop.replica.snapshot().state.items()}
+    loop.replica.rule.velocity = {n: torch.ones_like(t) for n, t in adopted.items()}
+    loop.replica.adopt(adopted, 100.0)
+    assert all(torch.equal(loop.replica.rule.anchor[n], adopted[n]) for n in adopted)
+    assert all(not loop.replica.rule.velocity[n].any() for n in adopted)
 
 
 def test_foreign_state_and_bad_hyperparameters_are_refused() -> None:
@@ -99,13 +99,13 @@ def test_make_rule_builds_outer_steps_on_any_weighting() -> None:
 
 
 def test_a_changed_rule_keeps_the_checkpointed_model_and_starts_over() -> None:
-    averaging = Trainer(DigitsTask(), shard=0)
+    averaging = TrainingLoop(DigitsTask(), shard=0)
     averaging.step()
-    outer = Trainer(DigitsTask(), shard=0, rule=OuterRule())
-    outer.restore(averaging.checkpoint_state())
-    assert outer.samples == 32
-    model = outer.snapshot().state
-    assert all(torch.equal(outer.rule.anchor[n], model[n]) for n in model)
+    outer = TrainingLoop(DigitsTask(), shard=0, rule=OuterRule())
+    outer.replica.restore(averaging.replica.checkpoint_state())
+    assert outer.replica.samples == 32
+    model = outer.replica.snapshot().state
+    assert all(torch.equal(outer.replica.rule.anchor[n], model[n]) for n in model)
 
 
 # --- staleness: the share follows the work since each side's anchor -------------------------------
@@ -131,7 +131,7 @@ def test_the_share_is_the_stated_blend_of_cumulative_and_fresh_work(
     q = f_r / (f_l + f_r) if f_l + f_r > 0 else p
     assert local.remote_share == pytest.approx((1 - discount) * p + discount * q, rel=1e-12, abs=1e-12)
     assert local.remote_share + remote.remote_share == pytest.approx(1.0, rel=1e-12)  # both reach one target
-    assert local.weight_after + remote.weight_after == pytest.approx(w_l + w_r, rel=1e-12)  # Σ work conserved
+    assert local.work_after + remote.work_after == pytest.approx(w_l + w_r, rel=1e-12)  # Σ work conserved
 
 
 @given(works, fractions, fractions, st.floats(0.01, 1.0))
@@ -160,7 +160,7 @@ def test_lr_one_without_momentum_is_todays_work_averaging_when_fresh_work_is_pro
     rule = OuterRule(lr=1.0, momentum=0.0, discount=discount)
     for decision in (rule.decide(w_l, w_r, (x * w_l, x * w_r)), rule.decide(w_l, w_r), OuterRule(1.0, 0.0, discount=0.0).decide(w_l, w_r, (w_l, 0.0))):
         assert decision.remote_share == pytest.approx(work.remote_share, rel=1e-9)
-        assert decision.weight_after == work.weight_after
+        assert decision.work_after == work.work_after
     rule.reset(_state(seed_a))
     local, remote = _state(seed_l), _state(seed_r)
     delta, plain = rule.delta(local, remote, work.remote_share), MergeDelta(local, remote, work.remote_share)
@@ -179,40 +179,40 @@ def test_a_fresh_partner_counts_more_than_its_cumulative_weight_says() -> None:
 
 
 def test_trainers_count_fresh_work_since_the_last_merge_and_conserve_total_work() -> None:
-    a = Trainer(DigitsTask(), shard=0, rule=OuterRule(lr=1.0, momentum=0.0))
-    b = Trainer(DigitsTask(), shard=1, rule=OuterRule(lr=1.0, momentum=0.0))
-    b.model.load_state_dict(a.model.state_dict())
+    a = TrainingLoop(DigitsTask(), shard=0, rule=OuterRule(lr=1.0, momentum=0.0))
+    b = TrainingLoop(DigitsTask(), shard=1, rule=OuterRule(lr=1.0, momentum=0.0))
+    b.replica.model.load_state_dict(a.replica.model.state_dict())
     for _ in range(3):
         a.step()
     b.step()
-    sa, sb = a.snapshot(), b.snapshot()
+    sa, sb = a.replica.snapshot(), b.replica.snapshot()
     assert (sa.fresh, sb.fresh) == (3 * 32, 32)
     a.step()  # in flight: this step stays fresh after the merge
-    total = sa.weight + sb.weight
-    for trainer, local, remote in ((a, sa, sb), (b, sb, sa)):
-        decision = trainer.rule.decide(local.weight, remote.weight, (local.fresh, remote.fresh))
-        trainer.merge(local, remote.state, decision.remote_share, decision.weight_after)
-    assert (a.fresh, b.fresh) == (32, 0)
-    assert a.weight - 32 + b.weight == total  # Σ work conserved; the in-flight step is a's own
-    a.adopt(b.snapshot().state, b.weight)
-    assert a.fresh == 0
+    total = sa.work + sb.work
+    for loop, local, remote in ((a, sa, sb), (b, sb, sa)):
+        decision = loop.replica.rule.decide(local.work, remote.work, (local.fresh, remote.fresh))
+        loop.replica.merge(local, remote.state, decision.remote_share, decision.work_after)
+    assert (a.replica.fresh, b.replica.fresh) == (32, 0)
+    assert a.replica.work - 32 + b.replica.work == total  # Σ work conserved; the in-flight step is a's own
+    a.replica.adopt(b.replica.snapshot().state, b.replica.work)
+    assert a.replica.fresh == 0
 
 
 def test_checkpoint_and_restore_keep_the_fresh_work_and_the_discount() -> None:
-    original = Trainer(DigitsTask(), shard=0, rule=OuterRule(discount=0.25))
+    original = TrainingLoop(DigitsTask(), shard=0, rule=OuterRule(discount=0.25))
     original.step()
     original.step()
-    restored = Trainer(DigitsTask(), shard=0, rule=OuterRule(discount=1.0))
-    restored.restore(original.checkpoint_state())
-    assert (restored.fresh, restored.rule.discount) == (64, 0.25)
-    older = original.checkpoint_state()
+    restored = TrainingLoop(DigitsTask(), shard=0, rule=OuterRule(discount=1.0))
+    restored.replica.restore(original.replica.checkpoint_state())
+    assert (restored.replica.fresh, restored.replica.rule.discount) == (64, 0.25)
+    older = original.replica.checkpoint_state()
     del older["fresh"], older["merge_rule"]["state"]["discount"]  # written before the staleness rule
-    restored = Trainer(DigitsTask(), shard=0, rule=OuterRule(discount=1.0))
-    restored.restore(older)
-    assert (restored.fresh, restored.rule.discount) == (0.0, 1.0)
-    averaging = Trainer(DigitsTask(), shard=0)
-    averaging.restore(original.checkpoint_state())  # another rule: it starts over from the model, nothing fresh
-    assert averaging.fresh == 0.0
+    restored = TrainingLoop(DigitsTask(), shard=0, rule=OuterRule(discount=1.0))
+    restored.replica.restore(older)
+    assert (restored.replica.fresh, restored.replica.rule.discount) == (0.0, 1.0)
+    averaging = TrainingLoop(DigitsTask(), shard=0)
+    averaging.replica.restore(original.replica.checkpoint_state())  # another rule: it starts over from the model, nothing fresh
+    assert averaging.replica.fresh == 0.0
 
 
 def test_a_discount_outside_zero_to_one_is_refused() -> None:

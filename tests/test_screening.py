@@ -17,24 +17,24 @@ def nudge(m: dict[str, torch.Tensor], size: float, seed: int) -> dict[str, torch
 
 def test_plausible_claims_pass_and_inflated_ones_are_capped_and_flagged() -> None:
     limiter = WorkClaimLimiter(ratio=4.0, speed_factor=10.0)
-    assert limiter.credit("p", 900.0, local_weight=1000.0, local_rate=10.0, now=0.0).reason == "claim plausible"
-    capped = limiter.credit("q", 5000.0, local_weight=1000.0, local_rate=10.0, now=0.0)
-    assert (capped.weight, capped.offence) == (4000.0, False)
+    assert limiter.credit("p", 900.0, local_work=1000.0, local_rate=10.0, now=0.0).reason == "claim plausible"
+    capped = limiter.credit("q", 5000.0, local_work=1000.0, local_rate=10.0, now=0.0)
+    assert (capped.work, capped.offence) == (4000.0, False)
     assert capped.reason == "claimed work 5e+03 capped at 4e+03 (ours 1e+03)"
-    inflated = limiter.credit("r", 1000.0 * 1000, local_weight=1000.0, local_rate=10.0, now=0.0)
-    assert inflated.weight == 4000.0 and inflated.offence
+    inflated = limiter.credit("r", 1000.0 * 1000, local_work=1000.0, local_rate=10.0, now=0.0)
+    assert inflated.work == 4000.0 and inflated.offence
 
 
 def test_claims_may_grow_by_what_a_much_faster_peer_could_compute_meanwhile() -> None:
     limiter = WorkClaimLimiter(ratio=4.0, speed_factor=10.0)
-    limiter.credit("p", 100.0, local_weight=100.0, local_rate=10.0, now=0.0)
-    # 10 s at 10x our 10 samples/s: up to 1000 more than 4x our weight.
-    assert limiter.credit("p", 1400.0, local_weight=100.0, local_rate=10.0, now=10.0).weight == 1400.0
-    assert limiter.credit("p", 1e9, local_weight=100.0, local_rate=10.0, now=10.0).weight == 400.0
+    limiter.credit("p", 100.0, local_work=100.0, local_rate=10.0, now=0.0)
+    # 10 s at 10x our 10 samples/s: up to 1000 more than 4x our work.
+    assert limiter.credit("p", 1400.0, local_work=100.0, local_rate=10.0, now=10.0).work == 1400.0
+    assert limiter.credit("p", 1e9, local_work=100.0, local_rate=10.0, now=10.0).work == 400.0
 
 
 def test_ceiling_caps_every_claim() -> None:
-    assert WorkClaimLimiter(ceiling=50.0).credit("p", 1e6, local_weight=1e6, local_rate=1.0, now=0.0).weight == 50.0
+    assert WorkClaimLimiter(ceiling=50.0).credit("p", 1e6, local_work=1e6, local_rate=1.0, now=0.0).work == 50.0
 
 
 def test_scaled_and_noise_models_are_rejected_as_offences() -> None:

@@ -27,9 +27,9 @@ async def test_a_newcomer_adopts_a_live_peers_model_by_state_sync() -> None:
         veteran.steps(5)
         newcomer.know(veteran)
         outcome = await newcomer.averager.state_sync.sync_from_swarm()
-        assert (outcome.result, outcome.reason) == (Result.SYNCED, f"adopted a model of weight {5 * BATCH}")
+        assert (outcome.result, outcome.reason) == (Result.SYNCED, f"adopted a model of work {5 * BATCH}")
         assert_state_close(newcomer.state(), veteran.state())
-        assert newcomer.trainer.weight == veteran.trainer.weight == 5 * BATCH
+        assert newcomer.replica.work == veteran.replica.work == 5 * BATCH
 
 
 async def test_a_resumed_peer_far_behind_catches_up_but_a_current_one_keeps_its_model() -> None:
@@ -44,9 +44,9 @@ async def test_a_resumed_peer_far_behind_catches_up_but_a_current_one_keeps_its_
         kept = await current.averager.state_sync.sync_from_swarm(behind_ratio=2.0)
         assert caught_up.result == Result.SYNCED
         assert_state_close(stale.state(), veteran.state())
-        assert (kept.result, kept.reason) == (Result.KEPT, "peer's weight 320 is not 2x ours (256)")
+        assert (kept.result, kept.reason) == (Result.KEPT, "peer's work 320 is not 2x ours (256)")
         assert_state_close(current.state(), before)
-        assert current.trainer.weight == 256
+        assert current.replica.work == 256
 
 
 async def test_state_sync_is_refused_across_runs_and_a_stalled_peer_times_out() -> None:
@@ -68,4 +68,4 @@ async def test_state_sync_is_refused_across_runs_and_a_stalled_peer_times_out() 
         assert stalled.result == Result.FAILED and stalled.reason.startswith("TimeoutError")
         assert anyio.current_time() == pytest.approx(TIMEOUT)
         assert_state_close(newcomer.state(), before)
-        assert newcomer.trainer.weight == 0
+        assert newcomer.replica.work == 0

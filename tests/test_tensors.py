@@ -15,11 +15,12 @@ from hypothesis import strategies as st
 from torch import nn
 
 from murmur.node.learn.checkpoint import read_checkpoint, save_checkpoint
+from murmur.node.learn.loop import TrainingLoop
+from murmur.node.learn.replica import Replica
 from murmur.node.learn.rules import MergeRule, MixDecision
 from murmur.node.learn.step import train_step
 from murmur.node.learn.tasks.task import Batch, Metric
 from murmur.node.learn.tensors import OPTIMIZER_PREFIX, ExchangedTensors, UnsupportedOptimizerState
-from murmur.node.learn.trainer import Trainer
 
 VOCAB, DIM = 16, 8
 MakeOptimizer = Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer]
@@ -75,18 +76,19 @@ class HalfRule(MergeRule):
 
     name = "half-test"
 
-    def mix(self, local_weight: float, remote_weight: float) -> MixDecision:
-        return MixDecision(0.5, (local_weight + remote_weight) / 2, "half")
+    def mix(self, local_work: float, remote_work: float) -> MixDecision:
+        return MixDecision(0.5, (local_work + remote_work) / 2, "half")
 
 
 def half_rule(*keys: str) -> HalfRule:
     return type("HalfRuleWith", (HalfRule,), {"optimizer_state": keys})()
 
 
-def stepped(trainer: Trainer, n: int) -> Trainer:
+def stepped(loop: TrainingLoop, n: int) -> Replica:
+    """`loop`'s replica after `n` of its steps."""
     for _ in range(n):
-        trainer.step()
-    return trainer
+        loop.step()
+    return loop.replica
 
 
 # --- tied weights -------------------------------------------------------------------------
@@ -109,8 +111,8 @@ def test_equal_but_separate_tensors_are_not_aliases() -> None:
     assert len(exchanged) == 4 and exchanged.aliases == {}
 
 
-def test_a_trainer_sends_a_tied_matrix_once() -> None:
-    trainer = Trainer(TiedTask(), shard=0)
+def test_a_replica_sends_a_tied_matrix_once() -> None:
+    trainer = TrainingLoop(TiedTask(), shard=0).replica
     unique = sum(t.numel() for t in trainer.exchanged.values())
     assert unique == VOCAB * DIM + DIM * DIM + DIM
     assert trainer.spec.wire_size("float32") == 4 * unique
@@ -118,10 +120,10 @@ def test_a_trainer_sends_a_tied_matrix_once() -> None:
 
 
 def test_a_half_merge_moves_a_tied_tensor_to_the_mean() -> None:
-    a, b = stepped(Trainer(TiedTask(), shard=1), 3), stepped(Trainer(TiedTask(), shard=2), 3)
+    a, b = stepped(TrainingLoop(TiedTask(), shard=1), 3), stepped(TrainingLoop(TiedTask(), shard=2), 3)
     sa, sb = a.snapshot(), b.snapshot()
     assert (sa.state["emb.weight"] - sb.state["emb.weight"]).abs().max() > 1e-3  # they differ
-    a.merge(sa, sb.state, 0.5, weight_after=sa.weight)
+    a.merge(sa, sb.state, 0.5, work_after=sa.work)
     mean = (sa.state["emb.weight"] + sb.state["emb.weight"]) / 2
     torch.testing.assert_close(a.model.emb.weight.detach(), mean, rtol=0, atol=1e-6)
     assert a.model.head.weight is a.model.emb.weight  # still one tensor
@@ -132,39 +134,39 @@ class ShareRule(MergeRule):
 
     name = "share-test"
 
-    def mix(self, local_weight: float, remote_weight: float) -> MixDecision:
+    def mix(self, local_work: float, remote_work: float) -> MixDecision:
         raise AssertionError("the test passes its share to `merge` directly")
 
 
 @settings(max_examples=40, deadline=None)
 @given(share=st.floats(min_value=0.0, max_value=1.0))
 def test_a_merge_moves_a_tied_tensor_by_exactly_its_share_of_the_difference(share: float) -> None:
-    a, b = stepped(Trainer(TiedTask(), shard=1, rule=ShareRule()), 2), stepped(Trainer(TiedTask(), shard=2, rule=ShareRule()), 2)
+    a, b = stepped(TrainingLoop(TiedTask(), shard=1, rule=ShareRule()), 2), stepped(TrainingLoop(TiedTask(), shard=2, rule=ShareRule()), 2)
     sa, sb = a.snapshot(), b.snapshot()
     local, remote = sa.state["emb.weight"], sb.state["emb.weight"]
-    a.merge(sa, sb.state, share, weight_after=sa.weight)
+    a.merge(sa, sb.state, share, work_after=sa.work)
     expected = local + share * (remote - local)
     torch.testing.assert_close(a.model.emb.weight.detach(), expected, rtol=0, atol=1e-6)
     torch.testing.assert_close(a.model.head.weight.detach(), expected, rtol=0, atol=1e-6)
 
 
 def test_a_checkpoint_stores_a_tied_tensor_once(tmp_path: Path) -> None:
-    state = stepped(Trainer(TiedTask(), shard=1), 1).checkpoint_state()["model"]
+    state = stepped(TrainingLoop(TiedTask(), shard=1), 1).checkpoint_state()["model"]
     assert state["head.weight"].untyped_storage().data_ptr() == state["emb.weight"].untyped_storage().data_ptr()
     loaded = read_checkpoint(save_checkpoint(tmp_path, {"model": state}))["model"]
     assert loaded["head.weight"].untyped_storage().data_ptr() == loaded["emb.weight"].untyped_storage().data_ptr()
 
 
 def test_a_checkpoint_round_trip_keeps_the_tie(tmp_path: Path) -> None:
-    source = stepped(Trainer(TiedTask(), shard=1), 3)
-    resumed = Trainer(TiedTask(), shard=1)
+    source = stepped(TrainingLoop(TiedTask(), shard=1), 3)
+    resumed = TrainingLoop(TiedTask(), shard=1).replica
     resumed.restore(read_checkpoint(save_checkpoint(tmp_path, source.checkpoint_state())))
     assert resumed.model.head.weight is resumed.model.emb.weight
     assert resumed.exchanged.aliases == {"head.weight": "emb.weight"}
     torch.testing.assert_close(resumed.model.emb.weight, source.model.emb.weight, rtol=0, atol=0)
     batch = next(TiedTask().train_batches(9))
-    for trainer in (source, resumed):  # the same next step: momentum came back with the tie
-        train_step(trainer.task, trainer.model, trainer.optimizer, batch)
+    for replica in (source, resumed):  # the same next step: momentum came back with the tie
+        train_step(TiedTask(), replica.model, replica.optimizer, batch)
     torch.testing.assert_close(resumed.model.emb.weight, source.model.emb.weight)
     assert resumed.model.head.weight is resumed.model.emb.weight
 
@@ -181,11 +183,11 @@ OPTIMIZERS: dict[str, tuple[MakeOptimizer, tuple[str, ...]]] = {
 
 
 def test_optimizer_state_is_exchanged_when_the_rule_asks_for_it_each_parameter_once() -> None:
-    trainer = Trainer(TiedTask(OPTIMIZERS["adamw"][0]), shard=0, rule=half_rule("exp_avg", "exp_avg_sq"))
+    trainer = TrainingLoop(TiedTask(OPTIMIZERS["adamw"][0]), shard=0, rule=half_rule("exp_avg", "exp_avg_sq")).replica
     names = [n for n in trainer.exchanged if n.startswith(OPTIMIZER_PREFIX)]
     assert names == [f"{OPTIMIZER_PREFIX}{p}.{k}" for p in ("emb.weight", "mix.weight", "mix.bias") for k in ("exp_avg", "exp_avg_sq")]
     assert trainer.exchanged["optimizer.emb.weight.exp_avg"] is trainer.optimizer.state[trainer.model.emb.weight]["exp_avg"]
-    assert not any(n.startswith(OPTIMIZER_PREFIX) for n in Trainer(TiedTask(), shard=0, rule=half_rule()).exchanged)
+    assert not any(n.startswith(OPTIMIZER_PREFIX) for n in TrainingLoop(TiedTask(), shard=0, rule=half_rule()).replica.exchanged)
 
 
 @pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
@@ -209,10 +211,10 @@ def test_materialised_state_leaves_the_first_steps_unchanged(kind: str) -> None:
 
 def test_a_half_merge_averages_the_exchanged_optimizer_state() -> None:
     make, keys = OPTIMIZERS["adamw"]
-    a = stepped(Trainer(TiedTask(make), shard=1, rule=half_rule(*keys)), 2)
-    b = stepped(Trainer(TiedTask(make), shard=2, rule=half_rule(*keys)), 2)
+    a = stepped(TrainingLoop(TiedTask(make), shard=1, rule=half_rule(*keys)), 2)
+    b = stepped(TrainingLoop(TiedTask(make), shard=2, rule=half_rule(*keys)), 2)
     sa, sb = a.snapshot(), b.snapshot()
-    a.merge(sa, sb.state, 0.5, weight_after=sa.weight)
+    a.merge(sa, sb.state, 0.5, work_after=sa.work)
     live = a.optimizer.state[a.model.emb.weight]["exp_avg_sq"]
     name = "optimizer.emb.weight.exp_avg_sq"
     torch.testing.assert_close(live, (sa.state[name] + sb.state[name]) / 2, rtol=0, atol=1e-7)
@@ -229,7 +231,7 @@ def test_a_half_merge_averages_the_exchanged_optimizer_state() -> None:
 )
 def test_optimizer_state_that_cannot_travel_is_a_typed_error(make: MakeOptimizer, keys: tuple[str, ...], message: str) -> None:
     with pytest.raises(UnsupportedOptimizerState, match=message):
-        Trainer(TiedTask(make), shard=0, rule=half_rule(*keys))
+        TrainingLoop(TiedTask(make), shard=0, rule=half_rule(*keys)).replica
 
 
 def test_optimizer_state_without_an_optimizer_or_of_another_model_is_refused() -> None:
@@ -241,10 +243,10 @@ def test_optimizer_state_without_an_optimizer_or_of_another_model_is_refused() -
         ExchangedTensors(model, stranger, ("momentum_buffer",))
 
 
-def test_the_optimizer_state_of_a_restored_trainer_is_exchanged_live(tmp_path: Path) -> None:
+def test_the_optimizer_state_of_a_restored_replica_is_exchanged_live(tmp_path: Path) -> None:
     make, keys = OPTIMIZERS["adamw"]
-    source = stepped(Trainer(TiedTask(make), shard=1, rule=half_rule(*keys)), 2)
-    resumed = Trainer(TiedTask(make), shard=1, rule=half_rule(*keys))
+    source = stepped(TrainingLoop(TiedTask(make), shard=1, rule=half_rule(*keys)), 2)
+    resumed = TrainingLoop(TiedTask(make), shard=1, rule=half_rule(*keys)).replica
     resumed.restore(copy.deepcopy(source.checkpoint_state()))
     live = resumed.optimizer.state[resumed.model.mix.weight]["exp_avg"]
     assert resumed.exchanged["optimizer.mix.weight.exp_avg"] is live  # not the state replaced by the restore

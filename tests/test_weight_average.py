@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
+from murmur.node.learn.loop import TrainingLoop
 from murmur.node.learn.tasks import DigitsTask
-from murmur.node.learn.trainer import Trainer
 from murmur.node.learn.weight_average import WeightAverage
 
 
@@ -92,36 +92,36 @@ def test_a_saved_average_resumes_exactly_and_one_that_does_not_fit_restarts_from
 
 
 def test_the_trainer_evaluates_its_average_and_trains_exactly_as_without_one() -> None:
-    plain, averaged = Trainer(DigitsTask(), shard=3), Trainer(DigitsTask(), shard=3, ema_decay=0.9)
+    plain, averaged = TrainingLoop(DigitsTask(), shard=3), TrainingLoop(DigitsTask(), shard=3, ema_decay=0.9)
     for _ in range(30):
         plain.step()
         averaged.step()
-    for name, t in plain.model.state_dict().items():
-        assert torch.equal(t, averaged.model.state_dict()[name])  # the average never feeds back
+    for name, t in plain.replica.model.state_dict().items():
+        assert torch.equal(t, averaged.replica.model.state_dict()[name])  # the average never feeds back
     reference = DigitsTask().build_model()
-    reference.load_state_dict(averaged.average.averaged(averaged.model))
+    reference.load_state_dict(averaged.replica.average.averaged(averaged.replica.model))
     assert averaged.evaluate().metrics == DigitsTask().evaluate(reference)
-    assert plain.evaluate().metrics == DigitsTask().evaluate(plain.model)
+    assert plain.evaluate().metrics == DigitsTask().evaluate(plain.replica.model)
 
 
 def test_the_average_is_checkpointed_as_a_loadable_model_and_restarts_when_state_sync_replaces_the_model() -> None:
-    trainer = Trainer(DigitsTask(), shard=1, ema_decay=0.9)
+    trainer = TrainingLoop(DigitsTask(), shard=1, ema_decay=0.9)
     for _ in range(5):
         trainer.step()
-    state = trainer.checkpoint_state()
-    resumed = Trainer(DigitsTask(), shard=1, ema_decay=0.9)
-    resumed.restore(state)
+    state = trainer.replica.checkpoint_state()
+    resumed = TrainingLoop(DigitsTask(), shard=1, ema_decay=0.9)
+    resumed.replica.restore(state)
     assert resumed.evaluate().metrics == trainer.evaluate().metrics
-    for name, t in resumed.average.averaged(resumed.model).items():
+    for name, t in resumed.replica.average.averaged(resumed.replica.model).items():
         assert torch.equal(t, state["weight_average"][name])
     user = DigitsTask().build_model()  # what the README tells a user to do with a checkpoint
     user.load_state_dict(state.get("weight_average", state["model"]))
     assert DigitsTask().evaluate(user) == trainer.evaluate().metrics
-    assert "weight_average" not in Trainer(DigitsTask(), shard=1).checkpoint_state()  # none kept: the model is the one
+    assert "weight_average" not in TrainingLoop(DigitsTask(), shard=1).replica.checkpoint_state()  # none kept: the model is the one
 
-    swarm = Trainer(DigitsTask(), shard=2)
+    swarm = TrainingLoop(DigitsTask(), shard=2)
     for _ in range(5):
         swarm.step()
-    trainer.adopt(swarm.snapshot().state, 320.0)
-    for name, t in trainer.average.averaged(trainer.model).items():
-        torch.testing.assert_close(t, swarm.model.state_dict()[name])
+    trainer.replica.adopt(swarm.replica.snapshot().state, 320.0)
+    for name, t in trainer.replica.average.averaged(trainer.replica.model).items():
+        torch.testing.assert_close(t, swarm.replica.model.state_dict()[name])

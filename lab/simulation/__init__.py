@@ -10,7 +10,7 @@ The network model (`NetworkModel`): per-peer compute speed from a heavy-tailed P
 distribution (a step of 32 samples takes `step_ms × slowdown`), per-pair latency from
 positions in a unit square, per-peer bandwidth from a lognormal, and churn (peers
 crash and newcomers join, at a steady swarm size). Training is a small loop that sleeps
-the simulated compute time and then runs the real torch step inline (`Trainer.step`).
+the simulated compute time and then runs the real torch step inline (`TrainingLoop.step`).
 
 Topologies: `gossip` (random partner among all live peers: a full, ideal membership
 list), `partial` (random partner from a bounded `PartialView` kept by Cyclon shuffles),

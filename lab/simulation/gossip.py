@@ -1,11 +1,11 @@
 """The gossip simulation: a swarm of real averagers over simulated links, in simulated time.
 
-Each peer is a `Trainer` and the `Averager` that `build_averager` wires for it (merge
+Each peer is a `TrainingLoop` and the `Averager` that `build_averager` wires for it (merge
 rule, screening, work claims, the sans-IO exchange and tensor codec, state sync for
 newcomers), given `Runtime.simulated()`: the event loop's clock, and torch work run
 inline so that it takes no simulated time. Its partners come from the topology under
 test (`TopologyTable`). Training is the simulated device: sleep the step's simulated
-compute time, then take the real torch step (`Trainer.step`), so the update lands
+compute time, then take the real torch step (`TrainingLoop.step`), so the update lands
 when the device would have finished it.
 """
 
@@ -28,9 +28,9 @@ from lab.simulation.config import SimConfig, SimResult, accuracy_task
 from lab.simulation.links import LinkTransport
 from lab.simulation.network import Profile
 from lab.simulation.topologies import Partial, TopologyTable, make_topology
+from murmur.node.learn.loop import TrainingLoop
 from murmur.node.learn.rules import make_rule
 from murmur.node.learn.runtime import Runtime
-from murmur.node.learn.trainer import Trainer
 from murmur.node.net.transport import MemoryNetwork
 
 SIMULATED = Runtime.simulated()
@@ -46,7 +46,7 @@ class _Peer:
     peer_id: str
     profile: Profile
     rng: random.Random  # topology moves: joining, its shuffles and its answers to others' shuffles
-    trainer: Trainer
+    loop: TrainingLoop
     transport: LinkTransport
     averager: Averager
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
@@ -104,17 +104,17 @@ class GossipSimulation:
         index = self._created
         self._created += 1
         peer_id = f"p{index:05d}"
-        trainer = Trainer(self.task, shard=index, rule=make_rule(cfg.weighting), runtime=SIMULATED)
+        loop = TrainingLoop(self.task, shard=index, rule=make_rule(cfg.weighting), runtime=SIMULATED)
         transport = LinkTransport(self.network, peer_id, self._link)
         averager = build_averager(
-            transport, trainer, table=TopologyTable(peer_id, self.topology), rng=_stream(cfg.seed, peer_id, "averaging"),
+            transport, loop.replica, table=TopologyTable(peer_id, self.topology), rng=_stream(cfg.seed, peer_id, "averaging"),
             exchange_timeout=cfg.exchange_timeout, runtime=SIMULATED,
         )  # fmt: skip
         peer = _Peer(
             peer_id,
             cfg.network.draw(self._profiles),
             _stream(cfg.seed, peer_id, "topology"),
-            trainer,
+            loop,
             transport,
             averager,
         )
@@ -159,7 +159,7 @@ class GossipSimulation:
         await anyio.sleep(_stream(self.config.seed, peer.peer_id, "training").uniform(0, step_s))
         while True:
             await anyio.sleep(step_s)
-            peer.trainer.step()
+            peer.loop.step()
 
     async def _shuffle(self, peer: _Peer) -> None:
         """Cyclon: every `shuffle_every` s swap descriptors with the oldest neighbour."""
@@ -196,8 +196,8 @@ class GossipSimulation:
             self.result.joins += 1
 
     def _retire(self, peer: _Peer) -> None:
-        self.result.steps += peer.trainer.samples // self.task.batch_size
-        self.result.samples += peer.trainer.samples
+        self.result.steps += peer.loop.replica.samples // self.task.batch_size
+        self.result.samples += peer.loop.replica.samples
         for outcome, count in peer.averager.outcomes.items():
             self.result.exchanges[outcome] = self.result.exchanges.get(outcome, 0) + count
         if peer.averager.typical_exchange_s > 0:
@@ -213,8 +213,8 @@ class GossipSimulation:
             await anyio.sleep_until(t)
             ready = [p for p in self.peers.values() if p.ready]
             sample = [p if p in self.peers else self._eval_rng.choice(ready).peer_id for p in sample]
-            accuracy = [self.peers[p].trainer.evaluate().metrics["accuracy"] for p in sample if self.peers[p].ready]
-            if result.record(t, accuracy, consensus_distance([p.trainer for p in ready]), len(self.peers)):
+            accuracy = [self.peers[p].loop.evaluate().metrics["accuracy"] for p in sample if self.peers[p].ready]
+            if result.record(t, accuracy, consensus_distance([p.loop for p in ready]), len(self.peers)):
                 return
             if time.perf_counter() - wall_start > cfg.max_wall_s:
                 result.truncated = True
@@ -222,7 +222,7 @@ class GossipSimulation:
             grid += 1
 
 
-def consensus_distance(trainers: Sequence[Trainer]) -> float:
+def consensus_distance(loops: Sequence[TrainingLoop]) -> float:
     """Mean squared L2 distance of the models' exchanged tensors from their average."""
-    flat = torch.stack([torch.cat([t.flatten() for t in tr.snapshot().state.values()]) for tr in trainers])
+    flat = torch.stack([torch.cat([t.flatten() for t in tr.replica.snapshot().state.values()]) for tr in loops])
     return float(((flat - flat.mean(dim=0)) ** 2).sum(dim=1).mean())

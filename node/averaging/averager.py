@@ -23,10 +23,10 @@ import anyio
 from murmur.node.averaging import params
 from murmur.node.averaging.outcome import Outcome, Result
 from murmur.node.averaging.state_sync import StateSync
+from murmur.node.learn.replica import Replica, Snapshot
 from murmur.node.learn.rules import MixDecision
 from murmur.node.learn.runtime import Runtime
 from murmur.node.learn.screening import ClippedGossip, WorkClaimLimiter
-from murmur.node.learn.trainer import Snapshot, Trainer
 from murmur.node.net.conversation import Conversation
 from murmur.node.net.membership import TaskIdentity
 from murmur.node.net.peers import PeerTable
@@ -43,7 +43,7 @@ log = logging.getLogger("murmur.averager")
 
 @dataclass(frozen=True)
 class _Claimed:
-    """What the partner stated: its work weight and, if both sides use it, its work since its anchor."""
+    """What the partner stated: its work and, if both sides use it, its work since its anchor."""
 
     work: float
     fresh: float | None
@@ -65,7 +65,7 @@ class _Attempt:
 class Averager:
     """Runs this node's side of averaging exchanges and state sync.
 
-    The merge itself is `trainer.rule`'s; the partner's work claim goes through
+    The merge itself is the replica's rule's; the partner's work claim goes through
     `claims` and its model through `screening`, both passed in. Clocks and worker
     threads come from `runtime`.
     """
@@ -73,7 +73,7 @@ class Averager:
     def __init__(
         self,
         transport: Transport,
-        trainer: Trainer,
+        replica: Replica,
         table: PeerTable,
         identity: TaskIdentity,
         *,
@@ -87,7 +87,7 @@ class Averager:
         runtime: Runtime = Runtime(),
     ) -> None:
         self.transport = transport
-        self.trainer = trainer
+        self.replica = replica
         self.table = table
         self.identity = identity
         self.screening = screening
@@ -102,16 +102,16 @@ class Averager:
         self.bytes_sent = 0
         self.typical_exchange_s = 0.0  # moving average of this node's completed exchanges
         self.last_partner_distance: float | None = None  # L2 to the last partner's model we accepted (metrics)
-        self._max_params = max(trainer.spec.wire_size(dtype) for dtype in WIRE_DTYPES)
+        self._max_params = max(replica.spec.wire_size(dtype) for dtype in WIRE_DTYPES)
         # A big model over a slow link needs more than a fixed timeout: give the transfer time at the slowest link served.
         self.timeout_s = exchange_timeout + self._max_params * 8 / (min_link_mbit * 1e6)
         self._created = runtime.monotonic()
-        self.state_sync = StateSync(transport, trainer, table, identity, rng=rng, timeout_s=self.timeout_s,
+        self.state_sync = StateSync(transport, replica, table, identity, rng=rng, timeout_s=self.timeout_s,
                                     max_params=self._max_params, wire_dtype=self.wire_dtype, runtime=runtime)
 
     def local_rate(self) -> float:
         """This peer's own samples/s since start: the yardstick for partners' claims."""
-        return self.trainer.samples / max(1.0, self.runtime.monotonic() - self._created)
+        return self.replica.samples / max(1.0, self.runtime.monotonic() - self._created)
 
     async def run(self, period: float, max_attempts: int = 3, max_share: float = 0.1) -> None:
         """Every `period` seconds (jittered), try up to `max_attempts` partners until one merges.
@@ -124,7 +124,7 @@ class Averager:
         while True:
             wait = max(period, self.typical_exchange_s / max_share)
             await anyio.sleep(wait * self.rng.uniform(0.5, 1.5))
-            if not self.trainer.fresh:
+            if not self.replica.fresh:
                 continue
             outcome = await self.average_once(max_attempts)
             if outcome.result == Result.MERGED:
@@ -162,9 +162,9 @@ class Averager:
     async def _initiate(self, attempt: _Attempt, addrs: list[str]) -> Outcome:
         attempt.stream = await self.transport.open_stream(attempt.peer_id, addrs, AVERAGE_PROTOCOL)
         conv = Conversation(attempt.stream, Exchange(Role.INITIATOR, AVERAGE, max_params_bytes=self._max_params))
-        snapshot = await self.runtime.run_sync(self.trainer.snapshot, self.wire_dtype)
+        snapshot = await self.runtime.run_sync(self.replica.snapshot, self.wire_dtype)
         fresh = self._stated_fresh(snapshot)
-        await conv.send(Offer(self.identity.run_id, self.identity.fingerprint, snapshot.weight, self.wire_dtype, fresh))
+        await conv.send(Offer(self.identity.run_id, self.identity.fingerprint, snapshot.work, self.wire_dtype, fresh))
         answer = await conv.receive(Accept, Busy, Refuse)
         if isinstance(answer, (Busy, Refuse)):
             await attempt.stream.close()
@@ -190,11 +190,11 @@ class Averager:
         self.in_exchange = True
         try:
             # The initiator picks the wire dtype: both sides must quantize alike for an exact merge.
-            snapshot = await self.runtime.run_sync(self.trainer.snapshot, offer.wire_dtype)
+            snapshot = await self.runtime.run_sync(self.replica.snapshot, offer.wire_dtype)
             # Fresh work is stated back only to an initiator that stated its own: peers from before the
             # field would refuse it, and a rule may only use it when both sides know both values.
             fresh = self._stated_fresh(snapshot) if offer.fresh is not None else None
-            await conv.send(Accept(snapshot.weight, fresh))
+            await conv.send(Accept(snapshot.work, fresh))
             claimed = _Claimed(offer.work, offer.fresh if fresh is not None else None)
             return await self._merge(conv, attempt, snapshot, claimed, initiator=False)
         finally:
@@ -202,9 +202,9 @@ class Averager:
 
     def _stated_fresh(self, snapshot: Snapshot) -> float | None:
         """The fresh work this side states in its Offer or Accept: only for a rule that uses it."""
-        if not self.trainer.rule.uses_fresh_work:
+        if not self.replica.rule.uses_fresh_work:
             return None
-        return min(snapshot.fresh, snapshot.weight)  # never above the stated weight, even by rounding
+        return min(snapshot.fresh, snapshot.work)  # never above the stated work, even by rounding
 
     async def _merge(self, conv: Conversation, attempt: _Attempt, snapshot: Snapshot, claimed: _Claimed, *, initiator: bool) -> Outcome:
         """Swap models, vet the partner's, commit (responder first) and apply the rule's merge."""
@@ -214,7 +214,7 @@ class Averager:
             with contextlib.suppress(ProtocolError, TransportError):  # best effort: the error below is what counts
                 await conv.send(Abort(f"{type(exc).__name__}: {exc}"))
             raise
-        attempt.sent = self.trainer.spec.wire_size(snapshot.state.dtype)
+        attempt.sent = self.replica.spec.wire_size(snapshot.state.dtype)
         decision, verdict = await self._vet(attempt.peer_id, snapshot, remote, claimed)
         if decision is None:
             await conv.send(Abort(f"your model was rejected: {verdict}"))
@@ -229,7 +229,7 @@ class Averager:
         await conv.stream.close()
         # Shielded: once both sides committed, a cancellation must not leave half a merge.
         with anyio.CancelScope(shield=True):
-            await self.runtime.run_sync(self.trainer.merge, snapshot, remote, decision.remote_share, decision.weight_after)
+            await self.runtime.run_sync(self.replica.merge, snapshot, remote, decision.remote_share, decision.work_after)
         outcome = attempt.outcome(Result.MERGED, decision.reason, self.runtime, decision.remote_share)
         self.table.record_exchange(attempt.peer_id, outcome.bytes_sent, outcome.duration_s, self.runtime.monotonic())
         return outcome
@@ -270,15 +270,15 @@ class Averager:
         """Credit the partner's work claim, let the rule decide, and screen the partner's model.
 
         The partner's fresh work, if both sides stated it, is credited at most its credited
-        weight (the claim's cap applies to it too). Returns the decision (its share clipped by
+        work (the claim's cap applies to it too). Returns the decision (its share clipped by
         screening), or None to reject, and the verdict.
         """
-        claim = self.claims.credit(peer_id, claimed.work, snapshot.weight, self.local_rate(), self.runtime.wall())
+        claim = self.claims.credit(peer_id, claimed.work, snapshot.work, self.local_rate(), self.runtime.wall())
         if claim.offence:
             await self._offence(peer_id, claim.reason)
         # A partner states fresh work only back to a side that stated its own (`_stated_fresh`, not None).
-        fresh = None if claimed.fresh is None else (self._stated_fresh(snapshot), min(claimed.fresh, claim.weight))
-        decision = self.trainer.rule.decide(snapshot.weight, claim.weight, fresh)
+        fresh = None if claimed.fresh is None else (self._stated_fresh(snapshot), min(claimed.fresh, claim.work))
+        decision = self.replica.rule.decide(snapshot.work, claim.work, fresh)
         if not decision.screen:
             return decision, claim.reason
         screening = await self.runtime.run_sync(self.screening.screen, snapshot.state, remote)
@@ -291,7 +291,7 @@ class Averager:
 
     async def _swap(self, conv: Conversation, local: WireState) -> WireState:
         """Stream our model and receive the partner's at the same time (full duplex)."""
-        spec = self.trainer.spec
+        spec = self.replica.spec
         send_errors: list[Exception] = []
 
         async def send() -> None:

@@ -6,9 +6,9 @@ import random
 
 from murmur.node.averaging.averager import AVERAGE_PROTOCOL, Averager
 from murmur.node.averaging.state_sync import STATE_PROTOCOL
+from murmur.node.learn.replica import Replica
 from murmur.node.learn.runtime import Runtime
 from murmur.node.learn.screening import ClippedGossip, WorkClaimLimiter
-from murmur.node.learn.trainer import Trainer
 from murmur.node.net.membership import TaskIdentity
 from murmur.node.net.peers import PeerTable
 from murmur.node.net.security import BanList
@@ -17,7 +17,7 @@ from murmur.node.net.transport import Transport
 
 def build_averager(
     transport: Transport,
-    trainer: Trainer,
+    replica: Replica,
     *,
     run_id: str | None = None,
     table: PeerTable | None = None,
@@ -30,16 +30,16 @@ def build_averager(
     claims: WorkClaimLimiter | None = None,
     runtime: Runtime = Runtime(),
 ) -> Averager:
-    """An `Averager` for `trainer` over `transport`, serving the averaging and state-sync protocols.
+    """An `Averager` for `replica` over `transport`, serving the averaging and state-sync protocols.
 
     Defaults: the run is the task's name, a `PeerTable` without liveness expiry beyond
     10 s, a fresh ban list, default screening and claim limits, and real clocks and
     threads. Raises `ValueError` for an unknown `wire_dtype`.
     """
     averager = Averager(
-        transport, trainer,
+        transport, replica,
         table if table is not None else PeerTable(transport.peer_id, liveness_timeout=10.0),
-        TaskIdentity(run_id or trainer.task.name, trainer.fingerprint),
+        TaskIdentity(run_id or replica.name, replica.fingerprint),
         screening=screening if screening is not None else ClippedGossip(),
         claims=claims if claims is not None else WorkClaimLimiter(),
         bans=bans if bans is not None else BanList(),

@@ -1,7 +1,7 @@
 """State sync over `/murmur/state`: a newcomer (or a peer resuming far behind) adopts a live peer's model.
 
 The requester sends its run and task fingerprint and the wire dtype it wants; the peer answers
-Refuse (another task) or StateReply (its work weight) and its model as Params + Chunks, validated
+Refuse (another task) or StateReply (its work) and its model as Params + Chunks, validated
 against the requester's model before anything is adopted.
 """
 
@@ -14,8 +14,8 @@ import anyio
 
 from murmur.node.averaging import params
 from murmur.node.averaging.outcome import Outcome, Result
+from murmur.node.learn.replica import Replica
 from murmur.node.learn.runtime import Runtime
-from murmur.node.learn.trainer import Trainer
 from murmur.node.net.conversation import Conversation
 from murmur.node.net.membership import TaskIdentity
 from murmur.node.net.peers import PeerTable
@@ -41,11 +41,11 @@ class StateSync:
     """
 
     def __init__(
-        self, transport: Transport, trainer: Trainer, table: PeerTable, identity: TaskIdentity, *,
+        self, transport: Transport, replica: Replica, table: PeerTable, identity: TaskIdentity, *,
         rng: random.Random, timeout_s: float, max_params: int, wire_dtype: str, runtime: Runtime,
     ) -> None:
         self.transport = transport
-        self.trainer = trainer
+        self.replica = replica
         self.table = table
         self.identity = identity
         self.rng = rng
@@ -66,9 +66,9 @@ class StateSync:
                     await conv.send(Refuse(mismatch))
                     log.warning("refused state sync from %s: %s", stream.remote_peer[-8:], mismatch)
                 else:
-                    snapshot = await self.runtime.run_sync(self.trainer.snapshot, request.wire_dtype)
-                    await conv.send(StateReply(snapshot.weight))
-                    await params.send_params(conv, snapshot.state, self.trainer.spec)
+                    snapshot = await self.runtime.run_sync(self.replica.snapshot, request.wire_dtype)
+                    await conv.send(StateReply(snapshot.work))
+                    await params.send_params(conv, snapshot.state, self.replica.spec)
                 await stream.close()
                 return
         except (TimeoutError, ProtocolError, TransportError) as exc:
@@ -76,7 +76,7 @@ class StateSync:
         await stream.reset()
 
     async def fetch(self, peer_id: str, addrs: list[str]) -> tuple[WireState, float]:
-        """Download a peer's current model and weight, validated against ours.
+        """Download a peer's current model and its work, validated against ours.
 
         Raises `TransportError`, `ProtocolError` (including `Refuse` as
         `StateSyncRefused`) or `TimeoutError`; the local model is not touched.
@@ -90,7 +90,7 @@ class StateSync:
                 if isinstance(reply, Refuse):
                     raise StateSyncRefused(reply.reason)
                 assert isinstance(reply, StateReply)
-                state = await params.receive_params(conv, self.trainer.spec, self.wire_dtype, self.runtime.run_sync)
+                state = await params.receive_params(conv, self.replica.spec, self.wire_dtype, self.runtime.run_sync)
                 await stream.close()
                 return state, reply.work
         except BaseException:
@@ -98,10 +98,10 @@ class StateSync:
             raise
 
     async def sync_from_swarm(self, attempts: int = 3, behind_ratio: float = 0.0) -> Outcome:
-        """Before the first step: adopt a live peer's model and weight, if any answers.
+        """Before the first step: adopt a live peer's model and work, if any answers.
 
         A node resuming from a checkpoint passes `behind_ratio`: it adopts the peer's
-        model only if that carries at least `behind_ratio` times its own work weight, so
+        model only if that carries at least `behind_ratio` times its own work, so
         a stale peer catches up instead of dragging its neighbours back.
         """
         tried: set[str] = set()
@@ -113,14 +113,14 @@ class StateSync:
             tried.add(entry.peer_id)
             start = self.runtime.monotonic()
             try:
-                state, weight = await self.fetch(entry.peer_id, entry.addrs)
+                state, work = await self.fetch(entry.peer_id, entry.addrs)
             except (TimeoutError, ProtocolError, TransportError) as exc:
                 outcome = Outcome(Result.FAILED, entry.peer_id, f"{type(exc).__name__}: {exc}")
                 continue
-            if weight < behind_ratio * self.trainer.weight:
-                return Outcome(Result.KEPT, entry.peer_id, f"peer's weight {weight:.0f} is not {behind_ratio:g}x ours ({self.trainer.weight:.0f})")
-            await self.runtime.run_sync(self.trainer.adopt, state, weight)
-            outcome = Outcome(Result.SYNCED, entry.peer_id, f"adopted a model of weight {weight:.0f}", self.runtime.monotonic() - start)
+            if work < behind_ratio * self.replica.work:
+                return Outcome(Result.KEPT, entry.peer_id, f"peer's work {work:.0f} is not {behind_ratio:g}x ours ({self.replica.work:.0f})")
+            await self.runtime.run_sync(self.replica.adopt, state, work)
+            outcome = Outcome(Result.SYNCED, entry.peer_id, f"adopted a model of work {work:.0f}", self.runtime.monotonic() - start)
             log.info("state sync from %s: %s in %.3fs", entry.peer_id[-8:], outcome.reason, outcome.duration_s)
             return outcome
         return outcome

@@ -1,6 +1,6 @@
 """Where a peer's time and blocking work come from: the real ones, or a simulation's.
 
-The trainer's loop and the averager read clocks and hand torch work to worker threads
+The training loop and the averager read clocks and hand torch work to worker threads
 through a `Runtime`, so the simulator swaps in simulated time and inline calls by
 passing `Runtime.simulated()` instead of patching modules.
 """

@@ -19,19 +19,19 @@ from murmur.protocol.codec import pieces
 
 @dataclass(frozen=True)
 class Claim:
-    """The work weight we credit a partner with, why, and whether the claim was an offence."""
+    """The work we credit a partner with, why, and whether the claim was an offence."""
 
-    weight: float
+    work: float
     reason: str
     offence: bool = False
 
 
 @dataclass
 class WorkClaimLimiter:
-    """Caps a partner's claimed work weight at what is plausible.
+    """Caps a partner's claimed work at what is plausible.
 
-    Push-sum weights of honest peers stay within a small factor of each other, so a
-    claim may exceed `ratio` × our own weight only by what the partner could have
+    The work of honest peers stays within a small factor of each other's, so a
+    claim may exceed `ratio` × our own work only by what the partner could have
     computed since its last claim at `speed_factor` × our own rate, and never
     `ceiling`. A claim over `offence_factor` × that cap is an offence (strike).
     """
@@ -43,19 +43,19 @@ class WorkClaimLimiter:
     min_local: float = 32.0
     _last: dict[str, float] = field(default_factory=dict)
 
-    def credit(self, peer_id: str, claimed: float, local_weight: float, local_rate: float, now: float) -> Claim:
-        """The weight to credit `peer_id` for `claimed`, given our weight and samples/s."""
+    def credit(self, peer_id: str, claimed: float, local_work: float, local_rate: float, now: float) -> Claim:
+        """The work to credit `peer_id` with for `claimed`, given our own work and samples/s."""
         previous = self._last.get(peer_id)
         growth = (now - previous) * self.speed_factor * max(local_rate, 1.0) if previous is not None else 0.0
-        cap = min(self.ceiling, self.ratio * max(local_weight, self.min_local) + growth)
+        cap = min(self.ceiling, self.ratio * max(local_work, self.min_local) + growth)
         self._last[peer_id] = now
-        if local_weight < self.min_local:
+        if local_work < self.min_local:
             # No yardstick yet (we are new); a newcomer adopts its partner's model anyway.
             return Claim(min(claimed, self.ceiling), "no yardstick: our own weight is still tiny")
         if claimed <= cap:
             return Claim(claimed, "claim plausible")
         offence = claimed > self.offence_factor * cap
-        return Claim(cap, f"claimed work {claimed:.3g} capped at {cap:.3g} (ours {local_weight:.3g})", offence)
+        return Claim(cap, f"claimed work {claimed:.3g} capped at {cap:.3g} (ours {local_work:.3g})", offence)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """One training step, and the pace of an emulated device.
 
-`train_step` is the only forward/backward/step in Murmur: the node's trainer, the
+`train_step` is the only forward/backward/step in Murmur: the node's training loop, the
 synchronous baselines and the per-sample lab (`lab/replicas.py`) all call it.
 """
 

@@ -30,7 +30,7 @@ class PeerEntry:
     addrs: list[str]
     last_seen: float
     exchanges: int = 0  # completed with this peer
-    exchange_rate: float | None = None  # bytes/s of those exchanges (moving average), for `LinkSpeedPartners`
+    exchange_rate: float | None = None  # bytes/s of those exchanges (moving average), for partner choices that weigh links (the lab's `link-speed`)
 
 
 @dataclass

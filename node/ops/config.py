@@ -1,7 +1,8 @@
 """`murmur run`'s settings, defined once, and where they come from: flags > `MURMUR_*` environment > TOML file > defaults.
 
 Each setting is one dataclass field: `NodeConfig` holds the node's, `RunOptions` the process's
-(its logging and the config file). The field's `option(...)` gives its default, help and parsing;
+(its logging and the config file), `Emulation` the slower hardware a test swarm on one machine
+emulates. The field's `option(...)` gives its default, help and parsing;
 `add_options` generates the `murmur run` parser from the fields (long option named like the field,
 or `flag`; destination = the field name) and `run_settings` builds the dataclasses back from the
 parsed namespace. A flag, its help, its `MURMUR_*` variable, its TOML key and its default therefore
@@ -14,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, get_args, get_origin, get_type_hints
 
 from murmur.node.learn.weight_average import DEFAULT_DECAY
 from murmur.node.ops.logs import LOG_FORMATS, LOG_LEVELS
@@ -194,18 +195,13 @@ class NodeConfig:
     relay_service: bool = option(False, "relay (circuit v2 hop) for peers behind NAT, within fixed limits")
     nat_traversal: bool = option(True, "no AutoNAT, hole punching (DCUtR) or relay discovery", flag="no-nat-traversal")
     addr_file: Path | None = option(None, "write the listening (then announced) addresses here, one per line")
-    slowdown: float = option(1.0, "emulate a device S times slower (sleep (S-1) x compute after each step)")
-    step_time_ms: float | None = option(None, "pad every step to S x MS ms per 32 samples", flag="step-time", metavar="MS")
     weighting: str = option("work", "how to weight the two models of a merge", choices=_rule_names)
     merge: str = option("average", "average: move to the pair's weighted mean; outer: take a Nesterov outer step "
                                    "toward it from this peer's last merge (DiLoCo-style)", choices=_merge_names)
     outer_lr: float = option(0.7, "outer learning rate of --merge outer (1 with momentum 0 is plain averaging)", metavar="LR")
     outer_momentum: float = option(0.9, "Nesterov momentum of --merge outer", metavar="MU")
     optimizer_state: str = option("keep", "what a merge does with the inner optimizer's per-parameter state (Adam's moments, "
-                                          "SGD's momentum): keep this peer's own, or average it with the partner's like the "
-                                          "model (more bytes per exchange)", choices=_optimizer_state_names)
-    lr_scale: float = option(1.0, "multiply the task's learning rate by this (murmur bench --sweep-lr measures it)",
-                             parse=_positive_float, metavar="X")
+                                          "SGD's momentum): keep this peer's own", choices=_optimizer_state_names)
     ema_decay: float = option(DEFAULT_DECAY, "evaluate and checkpoint an average of the model's last ~1/(1-DECAY) steps (a moving "
                                    "average of its weights: less minibatch noise); 0: the live model", parse=_decay,
                               metavar="DECAY")
@@ -216,9 +212,7 @@ class NodeConfig:
                                            "time at --min-link-mbit", metavar="SECONDS")
     min_link_mbit: float = option(5.0, "the slowest link an exchange is given time for (see --exchange-timeout)",
                                   parse=_positive_float, metavar="MBIT")
-    partners: str = option("uniform", "how to pick exchange partners: uniform (any live peer) or link-speed (in proportion "
-                                      "to each peer's measured exchange speed, so slow links take less of the time)",
-                           choices=_partner_names)
+    partners: str = option("uniform", "how to pick exchange partners: uniform (any live peer)", choices=_partner_names)
     gossip_every: float = 1.0
     liveness_timeout: float = option(10.0, "drop peers silent for this long", metavar="SECONDS")
     view_size: int | None = option(32, "peers kept in the membership view, a rotating sample of the swarm (0: all)",
@@ -227,12 +221,7 @@ class NodeConfig:
     duration: float | None = option(None, "stop after this many seconds of training", metavar="SECONDS")
     shard: int | None = option(None, "data shard / seed (default: derived from the peer id)")
     sync_state: bool = option(True, "do not pull the swarm's model before the first step", flag="no-state-sync")
-    start_at: float | None = option(None, "join first, start training at this time", metavar="UNIX_TIME")
-    start_file: Path | None = option(None, "join first, then wait until FILE holds a Unix time and start training then "
-                                           "(status phase 'waiting' meanwhile)", metavar="FILE")
     checkpoint_every: float = option(30.0, "checkpoint this often (and on exit)", metavar="SECONDS")
-    catch_up_ratio: float = 1.0  # a resumed node adopts a peer's model carrying at least this many times its work
-    record_params: bool = option(False, "save the parameters at every evaluation (benchmarks)")  # to params.pt, on exit
     allow_peers: Path | None = option(None, "only these peer IDs (one per line) may connect", metavar="FILE")
     swarm_secret_file: Path | None = option(None, "shared secret that Murmur streams must prove", metavar="FILE")
     max_connections: int = option(300, "connection limit (inbound + outbound)")
@@ -248,6 +237,15 @@ class NodeConfig:
                                metavar="HOST")
     threads: int | None = option(None, "torch threads for training (default: torch's own, usually one per core)",
                                  parse=_positive_int, metavar="N")
+
+
+@dataclass
+class Emulation:
+    """`murmur run`'s settings for testing a swarm on one machine, never for a real peer: they emulate slower hardware."""
+
+    GROUP: ClassVar[str] = "testing (emulation on one machine; not for real peers)"
+
+    slowdown: float = option(1.0, "emulate a device S times slower (sleep (S-1) x compute after each step)")
 
 
 @dataclass
@@ -271,16 +269,27 @@ class _Repeatable(argparse._AppendAction):
         setattr(namespace, self.dest, [*items, values])
 
 
-def add_options(parser: argparse.ArgumentParser, settings: Sequence[type] = (NodeConfig, RunOptions)) -> None:
-    """Add an option to `parser` for every `option` field of the `settings` dataclasses."""
+SETTINGS: tuple[type, ...] = (NodeConfig, RunOptions, Emulation)  # every `murmur run` option, in `--help` order
+
+
+def option_of(f: Field) -> Option | None:
+    """How the dataclass field `f` appears on the command line, or None if it is not an option."""
+    return f.metadata.get(_OPTION)
+
+
+def add_options(parser: argparse.ArgumentParser, settings: Sequence[type] = SETTINGS) -> None:
+    """Add an option to `parser` for every `option` field of the `settings` dataclasses
+    (in an argument group of its own for a class that names one in `GROUP`)."""
     for cls in settings:
+        group = getattr(cls, "GROUP", None)
+        target = parser.add_argument_group(group) if group else parser
         hints = get_type_hints(cls)
         for f in fields(cls):
-            how: Option | None = f.metadata.get(_OPTION)
+            how = option_of(f)
             if how is None:
                 continue
             default = f.default if f.default_factory is MISSING else f.default_factory()
-            kind, repeatable = _value_type(hints[f.name])
+            kind, repeatable = value_type(hints[f.name])
             spec: dict[str, Any] = {"dest": f.name, "default": default, "help": how.help}
             if kind is bool:
                 spec["action"] = "store_false" if default else "store_true"
@@ -288,10 +297,10 @@ def add_options(parser: argparse.ArgumentParser, settings: Sequence[type] = (Nod
                 spec.update(type=how.parse or kind, metavar=how.metavar, action=_Repeatable if repeatable else "store")
                 if how.choices is not None:
                     spec["choices"] = how.choices()
-            parser.add_argument("--" + (how.flag or f.name.replace("_", "-")), **spec)
+            target.add_argument("--" + (how.flag or f.name.replace("_", "-")), **spec)
 
 
-def _value_type(hint: Any) -> tuple[Any, bool]:
+def value_type(hint: Any) -> tuple[Any, bool]:
     """The type one value of a field has, and whether the field is a list (a repeatable option)."""
     if get_origin(hint) is list:
         return get_args(hint)[0], True
@@ -299,9 +308,9 @@ def _value_type(hint: Any) -> tuple[Any, bool]:
     return (kinds[0] if kinds else hint), False
 
 
-def run_settings(args: argparse.Namespace) -> tuple[NodeConfig, RunOptions]:
+def run_settings(args: argparse.Namespace) -> tuple[NodeConfig, RunOptions, Emulation]:
     """The settings a parser from `add_options` parsed (after `resolve_options`), field by field."""
-    return _build(NodeConfig, args), _build(RunOptions, args)
+    return _build(NodeConfig, args), _build(RunOptions, args), _build(Emulation, args)
 
 
 def _build(cls: type, args: argparse.Namespace) -> Any:

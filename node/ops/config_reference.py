@@ -1,7 +1,6 @@
 """The configuration reference (docs/configuration.md), rendered from the settings' own fields.
 
-Every `murmur run` option is an `option(...)` field of `NodeConfig` or `RunOptions`
-(`murmur.node.ops.config`); its flag, `MURMUR_*` variable and TOML key are derived from the field
+Every `murmur run` option is an `option(...)` field of one of `murmur.node.ops.config.SETTINGS`; its flag, `MURMUR_*` variable and TOML key are derived from the field
 name the same way the parser and `config_sources` derive them. Rendering the page from the same
 fields keeps it from drifting: `tests/test_docs.py` fails when the committed page differs from
 
@@ -15,7 +14,7 @@ from dataclasses import MISSING, Field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from murmur.node.ops.config import _OPTION, NodeConfig, Option, RunOptions, _value_type
+from murmur.node.ops.config import SETTINGS, Option, option_of, value_type
 from murmur.node.ops.config_sources import env_name
 
 COMMAND = "python -m murmur.node.ops.config_reference > docs/configuration.md"
@@ -76,7 +75,7 @@ def _default_text(f: Field) -> str:
 
 
 def _value_text(f: Field, how: Option, hint: Any) -> str:
-    kind, repeatable = _value_type(hint)
+    kind, repeatable = value_type(hint)
     if kind is bool:
         return "flag"
     if how.choices is not None:
@@ -91,30 +90,30 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("<", "\\<").replace("\n", " ")
 
 
-def option_rows(settings: Sequence[type] = (NodeConfig, RunOptions)) -> list[tuple[str | None, str]]:
-    """(group, table row) for every option field of `settings`, in field order."""
+def option_rows(settings: Sequence[type] = SETTINGS) -> list[tuple[str | None, str]]:
+    """(group, table row) for every option field of `settings`, in field order; the group is the class's `GROUP`."""
     rows = []
     for cls in settings:
         hints = get_type_hints(cls)
         for f in fields(cls):
-            how: Option | None = f.metadata.get(_OPTION)
+            how = option_of(f)
             if how is None:
                 continue
             name = _long_name(f, how)
             cells = [f"`--{name}`", _value_text(f, how, hints[f.name]), _default_text(f), f"`{env_name(name)}`",
                      _cell(how.help)]  # fmt: skip
-            rows.append((getattr(how, "group", None), "| " + " | ".join(cells) + " |"))
+            rows.append((getattr(cls, "GROUP", None), "| " + " | ".join(cells) + " |"))
     return rows
 
 
-def render(settings: Sequence[type] = (NodeConfig, RunOptions)) -> str:
+def render(settings: Sequence[type] = SETTINGS) -> str:
     """The whole page, Markdown."""
     groups: dict[str | None, list[str]] = {}
     for group, row in option_rows(settings):
         groups.setdefault(group, []).append(row)
     parts = [HEADER]
     for group, rows in groups.items():
-        parts.append(f"## {'Options' if group is None else str(group).capitalize() + ' options'}\n")
+        parts.append(f"## {'Options' if group is None else group.capitalize()}\n")
         parts.append(TABLE_HEAD + "\n" + "\n".join(rows) + "\n")
     return "\n".join(parts)
 

@@ -105,7 +105,7 @@ class NodeMetrics:
         )
         self.sent = PromCounter("murmur_sent_bytes", "Bytes sent on Murmur streams", ["protocol"], registry=r)
         self.known_peers = Gauge("murmur_known_peers", "Live peers in this node's membership table", registry=r)
-        self.weight = Gauge("murmur_work_weight", "Work weight (samples) carried by this node's model", registry=r)
+        self.work = Gauge("murmur_work_weight", "Work weight (samples) carried by this node's model", registry=r)
         self.distance = Gauge(
             "murmur_partner_distance", "L2 distance between this node's parameters and its last accepted partner's, before merging",
             registry=r,
@@ -148,7 +148,7 @@ class NodeMetrics:
         for protocol, count in traffic.sent.items():
             self._advance(self.sent.labels(protocol), ("sent", protocol), count)
         self.known_peers.set(status.known_peers)
-        self.weight.set(status.work)
+        self.work.set(status.work)
         if status.partner_distance is not None:
             self.distance.set(status.partner_distance)
         network = status.network

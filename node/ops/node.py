@@ -15,7 +15,7 @@ import math
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -27,11 +27,12 @@ from murmur.node.averaging.factory import build_averager
 from murmur.node.averaging.outcome import Outcome, Result
 from murmur.node.learn.checkpoint import load_latest, save_checkpoint
 from murmur.node.learn.device import describe, resolve_device
+from murmur.node.learn.loop import Evaluation, TrainingLoop, TrainStats, train
+from murmur.node.learn.replica import Replica
 from murmur.node.learn.rules import MergeRule, make_rule
-from murmur.node.learn.step import Pacing, scale_learning_rate
+from murmur.node.learn.step import Pacing
 from murmur.node.learn.tasks import load_task
-from murmur.node.learn.trainer import Evaluation, Trainer, TrainStats, train
-from murmur.node.learn.user_loop import ModelMismatch, UserLoopTrainer
+from murmur.node.learn.user_loop import ModelMismatch
 from murmur.node.net.libp2p_transport import Libp2pTransport
 from murmur.node.net.membership import PEERS_PROTOCOL, Membership
 from murmur.node.net.partners import PARTNER_CHOICES
@@ -54,11 +55,11 @@ from murmur.protocol.messages import PeerSummary
 
 log = logging.getLogger("murmur.node")
 STATUS_INTERVAL = 1.0  # seconds between status.json writes (and metrics updates)
-START_FILE_POLL_S = 0.02
 METRICS_FILE = "metrics.jsonl"
-PARAMS_FILE = "params.pt"
 CHECKPOINT_DIR = "checkpoints"
 BANS_FILE = "bans.json"
+# A resumed node adopts a peer's model (state sync) only if it carries at least this many times its own work.
+CATCH_UP_RATIO = 1.0
 
 
 def _shard_of(peer_id: str) -> int:
@@ -70,14 +71,21 @@ class Node:
         self, config: NodeConfig, transport: Transport, bans: BanList | None = None,
         listen_addresses: Callable[[], list[str]] | None = None,
         network_info: Callable[[], dict] | None = None,
-        user_loop: Callable[[MergeRule], UserLoopTrainer] | None = None,
+        user_loop: Callable[[MergeRule], Replica] | None = None, pacing: Pacing = Pacing(),
     ) -> None:
         """`listen_addresses` gives the real listen addresses when they differ from `transport.addresses()`;
         `network_info` the transport's reachability and connections for status, as `NetworkStatus` fields (`Libp2pTransport.network_info`).
 
-        `user_loop` (from `murmur.Peer`) builds the trainer of a model that the user's own loop steps:
-        the node then runs no training loop, and a checkpoint of another model raises `ModelMismatch`
-        instead of being skipped (and later overwritten).
+        `user_loop` (from `murmur.Peer`) builds the replica of a model that the user's own loop steps,
+        given the merge rule: the node then runs no training loop (`loop` is None), and a checkpoint
+        of another model raises `ModelMismatch` instead of being skipped (and later overwritten).
+        Otherwise the node trains `config.task` in its own `TrainingLoop`, at `pacing`'s pace.
+
+        Three attributes let whatever runs the node add to it (the lab does), set before `run`:
+        `pacing`, the emulated device's pace (`pacing` above); `start_gate`, awaited once the node
+        has joined and synced, before training starts (status phase "waiting" meanwhile); and
+        `on_evaluation`, called with each evaluation of the built-in loop once it is written to
+        metrics.jsonl (on the event loop: keep it short).
         """
         self.config = config
         self._listen_addresses = listen_addresses or transport.addresses
@@ -91,20 +99,22 @@ class Node:
         shard = config.shard if config.shard is not None else _shard_of(self.peer_id)
         rule = make_rule(config.weighting, config.merge, outer_lr=config.outer_lr, outer_momentum=config.outer_momentum,
                          optimizer_state=config.optimizer_state)
-        self.user_loop = user_loop is not None
+        self.loop: TrainingLoop | None = None
         if user_loop is None:
-            self.trainer = Trainer(load_task(config.task), shard, resolve_device(config.device), config.mixed_precision, rule=rule,
-                                   ema_decay=config.ema_decay)
-            scale_learning_rate(self.trainer.optimizer, config.lr_scale)  # a user's loop owns its own rates
+            self.loop = TrainingLoop(load_task(config.task), shard, resolve_device(config.device), config.mixed_precision, rule=rule,
+                                     ema_decay=config.ema_decay)
+            self.replica = self.loop.replica
         else:
-            self.trainer = user_loop(rule)
-        task = self.trainer.task
-        log.info("training on %s (%d threads)%s", describe(self.trainer.device), torch.get_num_threads(), " with bf16 autocast" if config.mixed_precision else "")
+            self.replica = user_loop(rule)
+        self.pacing = pacing
+        self.start_gate: Callable[[], Awaitable[None]] | None = None
+        self.on_evaluation: Callable[[Evaluation], None] = lambda evaluation: None
+        log.info("training on %s (%d threads)%s", describe(self.replica.device), torch.get_num_threads(), " with bf16 autocast" if config.mixed_precision else "")
         self.rng = random.Random(shard)
         self.table = PeerTable(self.peer_id, config.liveness_timeout, partners=PARTNER_CHOICES[config.partners](), view_size=config.view_size)
         self.bans = bans or BanList()
         self.averager = build_averager(
-            transport, self.trainer, run_id=config.run_id, table=self.table, bans=self.bans, rng=self.rng,
+            transport, self.replica, run_id=config.run_id, table=self.table, bans=self.bans, rng=self.rng,
             exchange_timeout=config.exchange_timeout, min_link_mbit=config.min_link_mbit, wire_dtype=config.wire_dtype,
         )
         self.identity = self.averager.identity
@@ -112,13 +122,12 @@ class Node:
             transport, self.table, self.identity, rng=self.rng, bans=self.bans, summary=self.summary
         )
         self.stats = TrainStats()
-        self.param_history: list[tuple[float, torch.Tensor]] = []
         self._serve_scope = anyio.CancelScope()
         self.phase = "joining"  # then "waiting" (ready, not yet told to start) and "training"
         self.on_phase: Callable[[str], None] = lambda phase: None  # called on the event loop at each change
         self.sync_outcome: Outcome | None = None  # state sync's, once tried
         self.last_eval: dict[str, float] = {}
-        self.metrics = NodeMetrics(self.peer_id, task.name)
+        self.metrics = NodeMetrics(self.peer_id, self.replica.name)
         self.metrics_url: str | None = None
         self.dashboard_url: str | None = None
         self.dashboard = DashboardState(self.metrics.registry)
@@ -169,15 +178,13 @@ class Node:
                 with anyio.CancelScope(shield=True):
                     await self.save_checkpoint()
                 self.write_status()
-                if self.param_history:
-                    torch.save(self.param_history, cfg.data_dir / PARAMS_FILE)
 
     async def _serve(self, cfg: NodeConfig) -> None:
         if cfg.bootstrap:
             joined = await self.membership.join(cfg.bootstrap)
             log.info("joined through %d of %d bootstrap peers", joined, len(cfg.bootstrap))
             if cfg.sync_state:
-                ratio = cfg.catch_up_ratio if self.resumed_from else 0.0
+                ratio = CATCH_UP_RATIO if self.resumed_from else 0.0
                 outcome = self.sync_outcome = await self.averager.state_sync.sync_from_swarm(behind_ratio=ratio)
                 if outcome.result != Result.SYNCED:
                     log.info("no state sync (%s): training from the %s model", outcome.reason, "resumed" if self.resumed_from else "initial")
@@ -185,18 +192,16 @@ class Node:
             tg.start_soon(self.membership.run, cfg.bootstrap, cfg.gossip_every)
             tg.start_soon(functools.partial(self.averager.run, cfg.average_every, max_share=cfg.exchange_share))
             tg.start_soon(self._checkpoint_periodically)
-            start_at = cfg.start_at
-            if cfg.start_file is not None:
+            if self.start_gate is not None:
                 self._set_phase("waiting")
-                start_at = await wait_for_start_time(cfg.start_file)
-            if start_at is not None:
-                await anyio.sleep(max(0.0, start_at - time.time()))
+                await self.start_gate()
             self._set_phase("training")
             with anyio.move_on_after(cfg.duration if cfg.duration is not None else float("inf")):
-                if self.user_loop:  # the user's thread steps the model and counts the work
+                if self.loop is None:  # the user's thread steps the model and counts the work
                     self.stats.started = time.monotonic()
                     await anyio.sleep_forever()
-                await train(self.trainer, Pacing(cfg.slowdown, cfg.step_time_ms), self.stats, eval_every=cfg.eval_every, on_eval=self._on_eval)
+                else:
+                    await train(self.loop, self.pacing, self.stats, eval_every=cfg.eval_every, on_eval=self._on_eval)
             tg.cancel_scope.cancel()
 
     def _set_phase(self, phase: str) -> None:
@@ -207,13 +212,11 @@ class Node:
     def _on_eval(self, evaluation: Evaluation) -> None:
         self.last_eval = evaluation.metrics
         # Stamped when the model was copied: an evaluation on a busy machine may finish much later.
-        record = {"t": evaluation.t, "samples": evaluation.samples, "weight": evaluation.weight, **evaluation.metrics,
+        record = {"t": evaluation.t, "samples": evaluation.samples, "work": evaluation.work, **evaluation.metrics,
                   "exchanges": self.averager.outcomes[Result.MERGED]}
         with self._metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
-        if self.config.record_params:
-            state = self.trainer.snapshot().state
-            self.param_history.append((time.time(), torch.cat([t.flatten() for t in state.values()])))
+        self.on_evaluation(evaluation)
 
     def _restore(self) -> Path | None:
         found = load_latest(self.config.data_dir / CHECKPOINT_DIR)
@@ -221,17 +224,17 @@ class Node:
             return None
         state, path = found
         try:
-            self.trainer.restore(state)
+            self.replica.restore(state)
         except (ValueError, KeyError, RuntimeError) as exc:
-            if self.user_loop:  # the user's model: keep their checkpoint rather than overwrite it
+            if self.loop is None:  # the user's model: keep their checkpoint rather than overwrite it
                 raise ModelMismatch(f"the checkpoint {path} is not this model's: {exc}") from exc
             log.warning("not resuming from %s: %s", path, exc)
             return None
-        log.info("resumed from %s (weight %.0f, %d samples)", path.name, self.trainer.weight, self.trainer.samples)
+        log.info("resumed from %s (work %.0f, %d samples)", path.name, self.replica.work, self.replica.samples)
         return path
 
     async def save_checkpoint(self) -> Path:
-        state = await anyio.to_thread.run_sync(self.trainer.checkpoint_state)
+        state = await anyio.to_thread.run_sync(self.replica.checkpoint_state)
         return await anyio.to_thread.run_sync(save_checkpoint, self.config.data_dir / CHECKPOINT_DIR, state)
 
     async def _checkpoint_periodically(self) -> None:
@@ -274,11 +277,11 @@ class Node:
         elapsed = self.stats.elapsed(now)
         merged = [o for o in self.averager.recent if o.result == Result.MERGED]
         return NodeStatus(
-            peer_id=self.peer_id, addrs=tuple(self.transport.addresses()), task=self.trainer.task.name,
-            device=str(self.trainer.device), t=time.time(), phase=self.phase, uptime_s=elapsed,
-            samples=self.trainer.samples, samples_per_s=self.trainer.samples / elapsed if elapsed else 0.0,
-            work=self.trainer.weight,
-            loss=self.trainer.last_loss, eval=dict(self.last_eval),
+            peer_id=self.peer_id, addrs=tuple(self.transport.addresses()), task=self.replica.name,
+            device=str(self.replica.device), t=time.time(), phase=self.phase, uptime_s=elapsed,
+            samples=self.replica.samples, samples_per_s=self.replica.samples / elapsed if elapsed else 0.0,
+            work=self.replica.work,
+            loss=self.replica.last_loss, eval=dict(self.last_eval),
             exchanges=dict(self.averager.outcomes), recent_exchanges=tuple(list(self.averager.recent)[-8:]),
             mean_exchange_s=sum(o.duration_s for o in merged) / len(merged) if merged else None,
             bytes_sent=self.averager.bytes_sent, known_peers=len(self.table.members), peers=tuple(sorted(self.table.members)),
@@ -294,11 +297,11 @@ class Node:
         now = time.monotonic()
         elapsed = self.stats.elapsed(now)
         metric, value = next(iter(self.last_eval.items()), ("", None))
-        loss = self.trainer.last_loss
+        loss = self.replica.last_loss
         return PeerSummary(
-            task=self.trainer.task.name[:64], samples_per_s=self.trainer.samples / elapsed if elapsed else 0.0,
+            task=self.replica.name[:64], samples_per_s=self.replica.samples / elapsed if elapsed else 0.0,
             metric=metric[:32], metric_value=_finite_or_none(value), loss=_finite_or_none(loss),
-            work=min(float(self.trainer.weight), 1e15), phase=self.phase[:16],
+            work=min(float(self.replica.work), 1e15), phase=self.phase[:16],
             idle=min(1.0, max(0.0, 1.0 - self.stats.compute_fraction(now))), partners=recent_partners(self.averager.recent),
         )  # fmt: skip
 
@@ -307,18 +310,6 @@ class Node:
         status = self.status()
         _write_atomic(self.config.data_dir / STATUS_FILE, status.to_json())
         return status
-
-
-async def wait_for_start_time(path: Path) -> float:
-    """The Unix time written to `path`, once the file exists and holds one (polled; waits until cancelled).
-
-    Write it atomically (rename a finished file into place) so that no half-written time is read.
-    """
-    while True:
-        try:
-            return float(path.read_text())
-        except (OSError, ValueError):
-            await anyio.sleep(START_FILE_POLL_S)
 
 
 def _finite_or_none(value: float | None) -> float | None:
@@ -352,13 +343,16 @@ def build_transport(config: NodeConfig, key_pair: KeyPair, bans: BanList) -> Gua
     return guarded
 
 
-def build_node(config: NodeConfig, key_pair: KeyPair, user_loop: Callable[[MergeRule], UserLoopTrainer] | None = None) -> Node:
-    """A libp2p node for `config`, with its ban list kept in the data dir (`user_loop`: see `Node`)."""
+def build_node(
+    config: NodeConfig, key_pair: KeyPair, user_loop: Callable[[MergeRule], Replica] | None = None, pacing: Pacing = Pacing(),
+) -> Node:
+    """A libp2p node for `config`, with its ban list kept in the data dir (`user_loop`, `pacing`: see `Node`)."""
     config.data_dir.mkdir(parents=True, exist_ok=True)
     bans = BanList(config.data_dir / BANS_FILE)
     transport = build_transport(config, key_pair, bans)
     inner = transport.inner
     assert isinstance(inner, Libp2pTransport)
-    node = Node(config, transport, bans, listen_addresses=inner.listen_addresses, network_info=inner.network_info, user_loop=user_loop)
+    node = Node(config, transport, bans, listen_addresses=inner.listen_addresses, network_info=inner.network_info,
+                user_loop=user_loop, pacing=pacing)
     inner.known_peers = lambda: {p: e.addrs for p, e in node.table.members.items()}  # where relays are looked for
     return node

@@ -11,14 +11,21 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator
-from typing import NoReturn
+from collections.abc import Callable, Iterator
+from contextlib import AbstractAsyncContextManager, nullcontext
+from typing import TYPE_CHECKING, NoReturn
 
 import anyio
 
 from murmur.node.ops.config import add_options, run_settings
 from murmur.node.ops.config_sources import ConfigError, resolve_options
 from murmur.node.ops.logs import configure_logging
+
+if TYPE_CHECKING:
+    from murmur.node.ops.node import Node
+
+# Entered around a running node, once built: what runs the node (the lab) installs its hooks there.
+Around = Callable[["Node"], AbstractAsyncContextManager[object]]
 
 RUN_EPILOG = (
     "Every option can also be set as an environment variable MURMUR_<OPTION> (e.g. MURMUR_BOOTSTRAP, "
@@ -35,12 +42,12 @@ def build_run_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _run_until_signal(config, key_pair) -> None:
-    """Run a node; the first SIGINT/SIGTERM stops it gracefully, a second one at once."""
+async def _run_until_signal(config, key_pair, pacing, around: Around | None) -> None:
+    """Run a node (inside `around(node)`, if given); the first SIGINT/SIGTERM stops it gracefully, a second one at once."""
     from murmur.node.ops.node import build_node
 
-    node = build_node(config, key_pair)
-    async with anyio.create_task_group() as tg:
+    node = build_node(config, key_pair, pacing=pacing)
+    async with around(node) if around is not None else nullcontext(), anyio.create_task_group() as tg:
 
         async def stop_on_signal() -> None:
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -69,12 +76,13 @@ def release_big_buffers_promptly() -> None:
         pass
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def cmd_run(args: argparse.Namespace, around: Around | None = None) -> int:
     from murmur.node.learn.device import DeviceError, check_mixed_precision, resolve_device
+    from murmur.node.learn.step import Pacing
     from murmur.node.net.identity import load_or_create_identity, peer_id_of
     from murmur.node.ops.metrics import MetricsUnavailable
 
-    config, options = run_settings(args)
+    config, options, emulation = run_settings(args)
     try:  # before anything else, so a wrong device costs one line and no half-started node
         device = resolve_device(config.device)
         if config.mixed_precision:
@@ -90,7 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Modules and start-up objects live as long as the process: keep full collections from rescanning them.
     gc.freeze()
     try:
-        anyio.run(_run_until_signal, config, key_pair, backend="trio")
+        anyio.run(_run_until_signal, config, key_pair, Pacing(emulation.slowdown), around, backend="trio")
     except* MetricsUnavailable as group:  # e.g. a taken port: one line, not a traceback
         unavailable = group
         while isinstance(unavailable, BaseExceptionGroup):
@@ -101,18 +109,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], around: Around | None = None) -> int:
     """`murmur run ARGV`: run a peer until its `--duration` ends or a stop signal; return the exit status.
 
     A bad setting exits 2 with one line naming it (as argparse does); an unusable device
-    returns 2 and a taken metrics port 1, each with one line on stderr.
+    returns 2 and a taken metrics port 1, each with one line on stderr. `around(node)`, if
+    given, is entered once the node is built, before it runs, and exited after it stopped;
+    its errors propagate.
     """
     parser = build_run_parser()
     try:
         args = resolve_options(parser, argv, os.environ)
     except ConfigError as exc:
         parser.exit(2, f"murmur run: error: {exc}\n")
-    return cmd_run(args)
+    return cmd_run(args, around)
 
 
 def _exit_quietly(signum: int, frame: object) -> None:

@@ -1,4 +1,8 @@
-"""Merge rules. Adding one: a module here with a `MergeRule` subclass, its entry here, one test file."""
+"""Merge rules. Adding one: a module here with a `MergeRule` subclass, its entry here, one test file.
+
+The registries below are the seams `murmur run`'s choices come from: code outside the product
+(the lab) registers more before a parser is built.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,14 @@ from murmur.node.learn.rules.outer import DISCOUNT, OuterRule
 from murmur.node.learn.rules.rule import Fresh, MergeDelta, MergeRule, MixDecision, newcomer_decision
 from murmur.node.learn.rules.uniform import UniformRule
 from murmur.node.learn.rules.work import WorkRule
-from murmur.node.learn.tensors import ALL_OPTIMIZER_STATE
 
 # How the two models of a pair are weighted (`--weighting`).
 RULES: dict[str, type[MergeRule]] = {rule.name: rule for rule in (UniformRule, WorkRule)}
 # What a merge does with that weighted pair (`--merge`): move to it, or take an outer step toward it.
 MERGES = ("average", "outer")
-# What a merge does with the inner optimizer's state (`--optimizer-state`).
-OPTIMIZER_STATE = ("keep", "average")
+# What a merge does with the inner optimizer's state (`--optimizer-state`): the per-parameter state
+# keys that travel and merge with the model (`MergeRule.optimizer_state`); "keep" moves none.
+OPTIMIZER_STATE: dict[str, tuple[str, ...]] = {"keep": ()}
 
 
 def make_rule(
@@ -22,8 +26,8 @@ def make_rule(
 ) -> MergeRule:
     """A fresh rule: `weighting` averaging, or (`merge="outer"`) outer steps toward the pair's `weighting` mean.
 
-    `optimizer_state="average"` makes the inner optimizer's per-parameter state (Adam's moments,
-    SGD's momentum) travel and merge with the model; `"keep"` leaves each peer its own.
+    `optimizer_state` names the inner optimizer's per-parameter state (Adam's moments, SGD's
+    momentum) that travels and merges with the model (`OPTIMIZER_STATE`); `"keep"` leaves each peer its own.
     `outer_discount` is the outer rule's staleness discount κ (see `murmur.node.learn.rules.outer`).
     Raises `ValueError` naming the choices for an unknown name, or for outer hyperparameters out of range.
     """
@@ -35,8 +39,8 @@ def make_rule(
         raise ValueError(f"unknown merge {merge!r}; choose from {list(MERGES)}")
     averaging = RULES[weighting]()
     rule = averaging if merge == "average" else OuterRule(outer_lr, outer_momentum, weighting=averaging, discount=outer_discount)
-    if optimizer_state == "average":
-        rule.optimizer_state = ALL_OPTIMIZER_STATE
+    if OPTIMIZER_STATE[optimizer_state]:
+        rule.optimizer_state = OPTIMIZER_STATE[optimizer_state]
     return rule
 
 

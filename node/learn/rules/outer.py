@@ -1,7 +1,7 @@
 """`outer`: DiLoCo's outer optimizer made pairwise — Nesterov momentum on the pair's pseudo-gradient.
 
 The rule keeps an anchor (this peer's model right after its last merge; `reset`, which
-the trainer calls with its initial model, sets the first) and a momentum buffer. At a
+the replica calls with its initial model, sets the first) and a momentum buffer. At a
 merge the target is the pair's weighted mean model θ̄ (what its weighting rule, `work`
 by default, would merge to); the pseudo-gradient g = anchor − θ̄ holds the local
 training since the anchor plus the pull toward the partner. Then m ← μ·m + g and the
@@ -12,7 +12,7 @@ stepped: an outer step past the pair's mean could make Adam's second moment nega
 
 Staleness. Peers of different speeds merge at about the same wall-clock cadence, so
 between merges a slow peer's model gains fewer samples since its anchor: its fresh
-pseudo-gradient (θ − anchor) is the stale, lesser contribution. Cumulative weights grow
+pseudo-gradient (θ − anchor) is the stale, lesser contribution. Cumulative work grows
 without bound and each merge gives both sides their mean, so their ratio tends to 1 and
 stops telling the two apart. With `discount` κ, the partner's share is
 
@@ -23,7 +23,7 @@ where f is each side's work since its anchor, stated in the exchange. One share 
 the whole model, anchor and fresh delta together (a model travels as one tensor), so κ
 trades the anchors' right share (p) against the fresh deltas' (q, which is how
 synchronous speed-proportional batches weight gradients). s + s' = 1 for the two sides,
-so both reach the same target; each keeps the pair's mean weight, so Σ work is
+so both reach the same target; each keeps the pair's mean work, so Σ work is
 conserved. With lr 1 and μ 0 the merge is today's `work` averaging exactly when κ = 0,
 when a side did not state its fresh work, or when f_r / (f_l + f_r) = w_r / (w_l + w_r)
 (e.g. a pair's first merge from the shared initial model, where w = f).
@@ -70,17 +70,17 @@ class OuterRule(MergeRule):
         self.anchor: dict[str, torch.Tensor] = {}
         self.velocity: dict[str, torch.Tensor] = {}
 
-    def mix(self, local_weight: float, remote_weight: float, fresh: Fresh | None = None) -> MixDecision:
-        decision = self._weighting.mix(local_weight, remote_weight)
+    def mix(self, local_work: float, remote_work: float, fresh: Fresh | None = None) -> MixDecision:
+        decision = self._weighting.mix(local_work, remote_work)
         reason = f"outer step toward the {decision.reason}"
         if fresh is None or self.discount == 0:
-            return MixDecision(decision.remote_share, decision.weight_after, reason)
+            return MixDecision(decision.remote_share, decision.work_after, reason)
         local_fresh, remote_fresh = fresh
         total = local_fresh + remote_fresh
         fresh_share = remote_fresh / total if total > 0 else decision.remote_share
         share = (1 - self.discount) * decision.remote_share + self.discount * fresh_share
         reason += f"; partner did {fresh_share:.0%} of the fresh work: share {share:.0%}"
-        return MixDecision(share, decision.weight_after, reason)
+        return MixDecision(share, decision.work_after, reason)
 
     def delta(self, snapshot: Mapping[str, torch.Tensor], remote: Mapping[str, torch.Tensor], share: float) -> _Delta:
         averaging = MergeDelta(snapshot, remote, share)  # where plain averaging would move the model
@@ -106,7 +106,7 @@ class OuterRule(MergeRule):
         self.velocity = {name: torch.zeros_like(t) for name, t in self.anchor.items()}
 
     def state_dict(self) -> dict[str, Any]:
-        # Copies: a checkpoint is written outside the trainer's lock while merges go on.
+        # Copies: a checkpoint is written outside the replica's lock while merges go on.
         return {
             "lr": self.lr, "momentum": self.momentum, "discount": self.discount,
             "anchor": {n: t.clone() for n, t in self.anchor.items()},

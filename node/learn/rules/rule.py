@@ -2,15 +2,15 @@
 
 A rule decides the partner's share of the merge and says why (`decide`), produces the
 change to add to the live model (`delta`), and owns whatever state it needs between
-merges (`state_dict`, `load_state_dict`, `reset`), which the trainer checkpoints with
+merges (`state_dict`, `load_state_dict`, `reset`), which the replica checkpoints with
 the model. Both sides of an exchange evaluate the same symmetric decision, so they
-arrive at the same merged parameters. Each side keeps the pair's mean weight, which
-conserves Σ weight across the pair.
+arrive at the same merged parameters. Each side keeps the pair's mean work, which
+conserves Σ work across the pair.
 
-Besides the cumulative (credited) work weights, a decision may see each side's *fresh*
+Besides the cumulative (credited) work, a decision may see each side's *fresh*
 work: the samples trained since that side's model last merged (its anchor). Rules that
 do not use it ignore it; a side that did not state it (`None`) leaves the rule to its
-weights alone.
+work alone.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ Fresh = tuple[float, float]
 
 @dataclass(frozen=True)
 class MixDecision:
-    """The partner's share of the merged model, the weight both sides keep, and why.
+    """The partner's share of the merged model, the work both sides keep, and why.
 
     `screen` is False while the local side has no work: it has no model of its own to
     defend, so the partner's is not screened against it (and identical initial models
@@ -38,17 +38,17 @@ class MixDecision:
     """
 
     remote_share: float
-    weight_after: float
+    work_after: float
     reason: str
     screen: bool = True
 
 
-def newcomer_decision(local_weight: float, remote_weight: float) -> MixDecision | None:
+def newcomer_decision(local_work: float, remote_work: float) -> MixDecision | None:
     """A side with no work yet takes the other's model whole; None when neither is a newcomer."""
-    mean = (local_weight + remote_weight) / 2
-    if local_weight == 0 and remote_weight > 0:
+    mean = (local_work + remote_work) / 2
+    if local_work == 0 and remote_work > 0:
         return MixDecision(1.0, mean, "local model has no work yet: adopt the partner's", screen=False)
-    if remote_weight == 0 and local_weight > 0:
+    if remote_work == 0 and local_work > 0:
         return MixDecision(0.0, mean, "partner has no work yet: keep the local model")
     return None
 
@@ -57,7 +57,7 @@ class MergeDelta(Mapping[str, torch.Tensor]):
     """The change that turns `snapshot` into `snapshot + share × (remote − snapshot)`, one tensor per lookup.
 
     Adding it to the live model (rather than overwriting) keeps whatever the local
-    trainer learned while the exchange was in flight. Each tensor is computed when
+    replica learned while the exchange was in flight. Each tensor is computed when
     read, and `pieces` computes it a few MB at a time, so applying a merge never holds
     a second copy of the model.
     """
@@ -91,24 +91,24 @@ class MergeRule(abc.ABC):
     # Whether `mix` uses the sides' fresh work, so that exchanges state it.
     uses_fresh_work: ClassVar[bool] = False
 
-    def decide(self, local_weight: float, remote_weight: float, fresh: Fresh | None = None) -> MixDecision:
-        """The merge of a local model and a partner's, given their (credited) work weights and,
+    def decide(self, local_work: float, remote_work: float, fresh: Fresh | None = None) -> MixDecision:
+        """The merge of a local model and a partner's, given their (credited) work and,
         if both sides stated it, their fresh work (local, remote) since their anchors.
 
         A newcomer (no work) adopts its partner's model, whatever the rule.
         """
-        decision = newcomer_decision(local_weight, remote_weight) or self.mix(local_weight, remote_weight, fresh)
-        return replace(decision, screen=False) if local_weight == 0 else decision
+        decision = newcomer_decision(local_work, remote_work) or self.mix(local_work, remote_work, fresh)
+        return replace(decision, screen=False) if local_work == 0 else decision
 
     @abc.abstractmethod
-    def mix(self, local_weight: float, remote_weight: float, fresh: Fresh | None = None) -> MixDecision:
+    def mix(self, local_work: float, remote_work: float, fresh: Fresh | None = None) -> MixDecision:
         """The rule's own decision for two peers that both have work (`fresh` as in `decide`)."""
 
     def delta(self, snapshot: Mapping[str, torch.Tensor], remote: Mapping[str, torch.Tensor], share: float) -> MergeDelta:
         """The change to add to the live model, given the exchanged `snapshot`, the partner's
         `remote` tensors (both as CPU float32 on read) and the partner's final `share`.
 
-        Called once per committed merge, under the trainer's lock: a stateful rule may
+        Called once per committed merge, under the replica's lock: a stateful rule may
         update its state here.
         """
         return MergeDelta(snapshot, remote, share)

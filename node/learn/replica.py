@@ -1,0 +1,256 @@
+"""A replica: one peer's copy of the model, with its optimizer, work count and merge rule.
+
+The replica is what averaging touches: `snapshot`, `merge`, `adopt`, `checkpoint_state` and
+`restore`. It does not step itself; a loop does, and counts the work it did: the built-in
+loop (`murmur.node.learn.loop`) through `step`, a user's own loop (`murmur.Peer`) through
+`record`. Every access holds one lock, so a merge lands between two steps and never tears one.
+
+Who may touch the model when is the owner's business: `access` runs the averaging side's
+calls (a `StepGate` hands them to the user's thread; by default they run on the calling
+thread). The model lives on its own device; snapshots and checkpoints are CPU copies, and
+merged or adopted tensors may come from any device and float dtype.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import torch
+from torch import nn
+
+from murmur.node.learn.device import cpu_copy
+from murmur.node.learn.rules import MergeRule, WorkRule
+from murmur.node.learn.tensors import ExchangedTensors
+from murmur.node.learn.weight_average import WeightAverage
+from murmur.protocol.codec import TensorSpec, WireState, pieces, quantize
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A CPU copy of the model's exchanged tensors in a wire dtype, and the work they carry.
+
+    `state[name]` reads a tensor as CPU float32 (see `WireState`). `fresh` is the part of
+    `work` this peer trained itself since its model last merged (or was adopted).
+    """
+
+    state: WireState
+    work: float
+    fresh: float = 0.0
+
+
+@dataclass(frozen=True)
+class ModelCopy:
+    """A copy of the model to evaluate, and this peer's own samples and the work it holds."""
+
+    model: nn.Module
+    samples: int
+    work: float
+
+
+class Access(Protocol):
+    """Runs the averaging side's calls where the model may be touched (`StepGate` is one)."""
+
+    def call(self, func: Callable[..., T], *args: Any) -> T: ...
+
+
+class Direct:
+    """`Access` on the calling thread: the replica's lock alone keeps its accesses apart."""
+
+    def call(self, func: Callable[..., T], *args: Any) -> T:
+        return func(*args)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The one device `model`'s tensors are on; raises `ValueError` if they are spread over several."""
+    devices = {t.device for t in model.state_dict().values()}
+    if len(devices) != 1:
+        raise ValueError(f"the model's tensors are on {len(devices)} devices ({sorted(map(str, devices))}); Murmur needs one")
+    return devices.pop()
+
+
+@contextlib.contextmanager
+def _flat(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
+    """A flat view of `tensor` to update in place (via a copy written back if it is not contiguous)."""
+    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
+    yield flat
+    if flat.data_ptr() != tensor.data_ptr():
+        tensor.copy_(flat.view_as(tensor))
+
+
+class Replica:
+    """One peer's copy of the model and what travels or resumes with it; see the module docstring."""
+
+    def __init__(
+        self, name: str, model: nn.Module, optimizer: torch.optim.Optimizer, *,
+        rule: MergeRule | None = None, ema_decay: float = 0.0, access: Access | None = None,
+    ) -> None:
+        """A replica of `model` (on one device; raises `ValueError` otherwise) stepped by `optimizer`.
+
+        `name` (the task's) labels the fingerprint peers compare. `rule` (default `work`) merges
+        this model with partners'; the replica owns its state, so it is checkpointed with the
+        model. `ema_decay` > 0 keeps an average of the parameters over the last ~1/(1 − decay)
+        steps, which is what `copy_model` gives and checkpoints hold (`WeightAverage`; raises
+        `ValueError` outside [0, 1)). `access` runs `snapshot`, `merge`, `adopt`,
+        `checkpoint_state` and `restore` (default: on the calling thread).
+        """
+        self.name = name
+        self.model = model
+        self.optimizer = optimizer
+        self.device = model_device(model)
+        self.rule = rule if rule is not None else WorkRule()
+        self.average = WeightAverage(model, ema_decay)
+        self._access = access if access is not None else Direct()
+        self.exchanged = ExchangedTensors(model, optimizer, self.rule.optimizer_state)
+        self.rule.reset(self.exchanged)  # a stateful rule starts from the initial model
+        self.spec = TensorSpec.of(self.exchanged)
+        self.architecture = " ".join(type(m).__name__ for m in model.modules())
+        self._lock = threading.Lock()
+        self.samples = 0  # samples this peer processed itself
+        self.work = 0.0  # work in the current model (shared through merges)
+        self.fresh = 0.0  # samples trained since the model last merged: the merge rule's staleness measure
+        self.last_loss = math.nan
+
+    @property
+    def fingerprint(self) -> str:
+        return self.spec.fingerprint(f"{self.name}|{self.architecture}")
+
+    def step(self, update: Callable[[nn.Module, torch.optim.Optimizer], torch.Tensor], work: int) -> float:
+        """Run `update(model, optimizer)` (one optimizer step, returning its loss) under the lock and count `work`.
+
+        Returns the step's compute time in seconds, lock wait excluded; reading the loss waits
+        for the device, so the time is the step's real compute. `update`'s errors propagate.
+        """
+        with self._lock:
+            start = time.perf_counter()
+            loss = update(self.model, self.optimizer)
+            self.average.update(self.model)
+            self._count(work, loss.item())
+            return time.perf_counter() - start
+
+    def record(self, work: int, loss: float | None = None) -> None:
+        """Count `work` samples (or tokens) of a step that ran outside `step` (the user's own loop) and just ended."""
+        with self._lock:
+            self._count(work, loss)
+
+    def _count(self, work: int, loss: float | None) -> None:
+        self.samples += work
+        self.work += work
+        self.fresh += work
+        if loss is not None:
+            self.last_loss = loss
+
+    def copy_model(self, into: nn.Module | None = None) -> ModelCopy:
+        """The model as it is now (its weight average, if it keeps one) copied into `into`, or a new copy.
+
+        Only the copy holds the lock: scoring it never pauses a step or a merge.
+        """
+        with self._lock:
+            target = into if into is not None else copy.deepcopy(self.model)
+            target.load_state_dict(self.average.averaged(self.model))
+            return ModelCopy(target, self.samples, self.work)
+
+    def snapshot(self, wire_dtype: str = "float32") -> Snapshot:
+        """A CPU copy of the exchanged tensors in `wire_dtype`, the form they travel in.
+
+        Partners' models arrive in the same wire dtype, so screening and merge deltas
+        compare like with like whatever this model's device or dtype.
+        """
+        return self._access.call(self._snapshot, wire_dtype)
+
+    def _snapshot(self, wire_dtype: str) -> Snapshot:
+        with self._lock:
+            return Snapshot(quantize(self.exchanged, self.spec, wire_dtype), self.work, self.fresh)
+
+    def merge(self, snapshot: Snapshot, remote: Mapping[str, torch.Tensor], share: float, work_after: float) -> None:
+        """Apply a committed merge: add the rule's delta to the live tensors, piece by piece,
+        and move the work by the merge's change (steps taken since `snapshot` are kept, and stay fresh)."""
+        self._access.call(self._merge, snapshot, remote, share, work_after)
+
+    def _merge(self, snapshot: Snapshot, remote: Mapping[str, torch.Tensor], share: float, work_after: float) -> None:
+        with self._lock, torch.no_grad():
+            delta = self.rule.delta(snapshot.state, remote, share)
+            for name in delta:
+                with _flat(self.exchanged[name]) as flat:
+                    for elements, change in delta.pieces(name):
+                        flat[elements].add_(change.to(flat.device, flat.dtype))
+            self.work += work_after - snapshot.work
+            self.fresh -= snapshot.fresh
+
+    def adopt(self, state: Mapping[str, torch.Tensor], work: float) -> None:
+        """Replace the exchanged tensors with `state` (state sync; any device, float dtype) carrying `work`.
+
+        Optimizer state that does not travel is kept; the merge rule and the weight average
+        start over from the new model.
+        """
+        self._access.call(self._adopt, state, work)
+
+    def _adopt(self, state: Mapping[str, torch.Tensor], work: float) -> None:
+        with self._lock, torch.no_grad():
+            for name in state:
+                with _flat(self.exchanged[name]) as flat:
+                    for elements, piece in pieces(state, name):
+                        flat[elements].copy_(piece.to(flat.device, flat.dtype))
+            self.work = work
+            self.fresh = 0.0
+            self.rule.reset(self.exchanged)
+            self.average.reset(self.model)  # the swarm's model replaced this one's past
+
+    def checkpoint_state(self) -> dict:
+        """Everything needed to resume: model, optimizer, work and counters, as CPU tensors.
+
+        CPU copies keep a checkpoint loadable on any machine: a GPU node's resumes on a CPU one.
+        """
+        return self._access.call(self._checkpoint_state)
+
+    def _checkpoint_state(self) -> dict:
+        with self._lock:
+            return {
+                "fingerprint": self.fingerprint,
+                "model": cpu_copy(self.model.state_dict()),
+                "optimizer": cpu_copy(self.optimizer.state_dict()),
+                "work": self.work,
+                "samples": self.samples,
+                "fresh": self.fresh,
+                "merge_rule": {"name": self.rule.name, "state": self.rule.state_dict()},
+                # the model to use: a complete state dict, loadable as is (absent when no average is kept)
+                **({"weight_average": cpu_copy(self.average.averaged(self.model))} if self.average.decay else {}),
+            }
+
+    def restore(self, state: dict) -> None:
+        """Resume from `checkpoint_state()` output; raises `ValueError` for another model's, `KeyError` for a torn one.
+
+        Tensors are copied onto this model's device and dtype (the optimizer's state follows its
+        parameters). The merge rule's state is restored when the checkpoint holds this rule's;
+        after a change of rule (or from a checkpoint without one) the rule starts over from the
+        restored model. So does the weight average, unless the checkpoint holds one that fits.
+        Older checkpoints name the work "weight"; they load too.
+        """
+        self._access.call(self._restore, state)
+
+    def _restore(self, state: dict) -> None:
+        if state.get("fingerprint") != self.fingerprint:
+            raise ValueError("checkpoint belongs to another task or model (fingerprint differs)")
+        work = float(state["work"] if "work" in state else state["weight"])
+        rule = state.get("merge_rule")
+        with self._lock:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.exchanged = ExchangedTensors(self.model, self.optimizer, self.rule.optimizer_state)
+            if rule is not None and rule["name"] == self.rule.name:
+                self.rule.load_state_dict(rule["state"])
+                self.fresh = float(state.get("fresh", 0.0))  # no count saved: as if just merged
+            else:
+                self.rule.reset(self.exchanged)
+                self.fresh = 0.0
+            self.average.load_averaged(state.get("weight_average", {}), self.model)
+            self.work = work
+            self.samples = int(state["samples"])
