@@ -32,7 +32,7 @@ def _link_mbit(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(str(e).removeprefix("--link-mbit: ")) from None
 
 
-def _method_arg(text: str) -> tuple[str, float | None]:
+def parse_method(text: str) -> tuple[str, float | None]:
     """`method` or `method@scale` -> (method, scale or None); raises ValueError naming what is wrong."""
     method, _, scale = text.partition("@")
     if method not in METHODS and method not in MURMUR_ARGS:
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         config["max_s"] = dict.fromkeys(config["tasks"], args.max_s)
     if args.methods:
         try:
-            config["runs"] = [_method_arg(m) for m in args.methods.split(",")]
+            config["runs"] = [parse_method(m) for m in args.methods.split(",")]
             config.pop("lr_factors", None)  # a sweep of named points runs exactly those
         except ValueError as e:
             parser.error(str(e))

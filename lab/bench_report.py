@@ -12,7 +12,7 @@ from lab.bench_config import METHODS, MIXES, MURMUR_ARGS, TASKS
 from lab.bench_plots import plot, run_labels, runs_of
 
 
-def _at_samples(result: dict, metric: str, samples: float) -> float | None:
+def metric_at_samples(result: dict, metric: str, samples: float) -> float | None:
     """The metric when the run had processed `samples` in all (linear between evaluations), or None beyond its end."""
     curve = result["curve"]
     for before, after in itertools.pairwise(curve):
@@ -45,7 +45,7 @@ def score(group: list[dict]) -> list[dict]:
     for g in group:
         g.setdefault("label", g["method"])
         g["pct_of_ideal"] = g["samples_per_s"] / ideal if ideal else None
-        g["metric_at_equal_samples"] = _at_samples(g, metric, budget) if budget and g["method"] != "ideal" else None
+        g["metric_at_equal_samples"] = metric_at_samples(g, metric, budget) if budget and g["method"] != "ideal" else None
     return group
 
 

@@ -33,13 +33,13 @@ def test_smallest_bench_runs_every_method_and_writes_its_outputs(tmp_path: Path)
 
 
 def test_metric_at_equal_samples_interpolates_between_evaluations() -> None:
-    from lab.bench_report import _at_samples
+    from lab.bench_report import metric_at_samples
 
     run = {"curve": [{"samples": 0, "loss": 5.0}, {"samples": 1000, "loss": 3.0}, {"samples": 3000, "loss": 2.0}]}
-    assert _at_samples(run, "loss", 500) == pytest.approx(4.0)
-    assert _at_samples(run, "loss", 2000) == pytest.approx(2.5)
-    assert _at_samples(run, "loss", 3000) == pytest.approx(2.0)
-    assert _at_samples(run, "loss", 3001) is None  # beyond the run: never extrapolated
+    assert metric_at_samples(run, "loss", 500) == pytest.approx(4.0)
+    assert metric_at_samples(run, "loss", 2000) == pytest.approx(2.5)
+    assert metric_at_samples(run, "loss", 3000) == pytest.approx(2.0)
+    assert metric_at_samples(run, "loss", 3001) is None  # beyond the run: never extrapolated
 
 
 def _run(task: str, method: str, samples_per_s: float, curve: list[tuple[int, float]]) -> dict:
@@ -131,15 +131,15 @@ def test_the_summary_says_which_weights_every_method_evaluated() -> None:
 
 
 def test_methods_argument_names_methods_and_optional_scales() -> None:
-    from lab.bench_cli import _method_arg
+    from lab.bench_cli import parse_method
 
-    assert _method_arg("murmur") == ("murmur", None)
-    assert _method_arg("sync-equal@0.5") == ("sync-equal", 0.5)
-    assert _method_arg("murmur-avg-state@2") == ("murmur-avg-state", 2.0)
+    assert parse_method("murmur") == ("murmur", None)
+    assert parse_method("sync-equal@0.5") == ("sync-equal", 0.5)
+    assert parse_method("murmur-avg-state@2") == ("murmur-avg-state", 2.0)
     with pytest.raises(ValueError, match="unknown method 'murmr'"):
-        _method_arg("murmr")
+        parse_method("murmr")
     with pytest.raises(ValueError, match="must be positive"):
-        _method_arg("murmur@0")
+        parse_method("murmur@0")
 
 
 def test_every_configuration_names_its_runs_one_way() -> None:
@@ -205,6 +205,7 @@ def test_without_a_fixed_budget_every_run_after_sync_equal_trains_as_far_as_it_n
                 "peers": [{"idle_fraction": 0.0}], "curve": curve}
 
     monkeypatch.setattr(bench, "run_method", fake)
-    config = {"seeds": [0], "mixes": {"charlm": ["pair"]}, "max_s": {"charlm": 5.0}, "runs": [("sync-equal", None), ("murmur", None)]}
-    bench._bench_task("charlm", config, bench.task_runs("charlm", config), tmp_path, bench.Progress(total=3, label="t"), [])
+    config = {"tasks": ["charlm"], "seeds": [0], "mixes": {"charlm": ["pair"]}, "max_s": {"charlm": 5.0},
+              "runs": [("sync-equal", None), ("murmur", None)]}
+    bench.run_bench(config, tmp_path)
     assert asked == [("ideal", 0), ("sync-equal", 0), ("murmur", 4096)]

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tomllib
 import zipfile
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MAPPED = {"murmur": "murmur", "murmur.node": "node", "murmur.protocol": "protocol"}
@@ -42,14 +45,31 @@ def test_a_script_beside_its_own_node_and_protocol_modules_still_imports_murmur(
     assert done.stdout.strip() == "ok"
 
 
-def test_the_wheel_has_one_top_level_name(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT)],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
-    (wheel,) = tmp_path.glob("murmur-*.whl")
+    (built,) = out.glob("murmur-*.whl")
+    return built
+
+
+def test_the_wheel_has_one_top_level_name(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"murmur", wheel.name.split("-py")[0] + ".dist-info"}
     assert {"murmur/node/cli.py", "murmur/protocol/codec.py", "murmur/node/ops/web/index.html",
             "murmur/node/learn/tasks/data/digits.csv.gz"} <= set(names)  # fmt: skip
     assert not [n for n in names if n.startswith(("lab/", "murmur/lab/", "murmur/node/lab/"))]  # the lab runs from a checkout
+
+
+@pytest.mark.parametrize("command", ["bench", "demo"])
+def test_the_lab_commands_of_an_installed_wheel_say_in_one_line_where_the_lab_is(wheel: Path, tmp_path: Path, command: str) -> None:
+    zipfile.ZipFile(wheel).extractall(tmp_path / "site")  # the package as a wheel installs it: no checkout around it
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; from murmur.node.cli import main; sys.exit(main(sys.argv[1:]))", command],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path / "site")}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"murmur {command}: ") and "source checkout" in done.stderr

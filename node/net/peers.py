@@ -106,8 +106,8 @@ class PeerTable:
 
         A dormant peer whose wait reaches `max_delay` is forgotten. A member's failures do
         not count: the liveness timeout judges members, and backoff starts when it goes
-        dormant (counting every failed greet of a member in a partition used to push its
-        backoff to the cap within seconds, so the healed halves never redialed each other).
+        dormant (counting every failed greet of a member in a partition would push its backoff
+        to the cap within seconds, and the healed halves would never redial each other).
         """
         if peer_id in self.members:
             return

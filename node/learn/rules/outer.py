@@ -24,7 +24,7 @@ the whole model, anchor and fresh delta together (a model travels as one tensor)
 trades the anchors' right share (p) against the fresh deltas' (q, which is how
 synchronous speed-proportional batches weight gradients). s + s' = 1 for the two sides,
 so both reach the same target; each keeps the pair's mean work, so Σ work is
-conserved. With lr 1 and μ 0 the merge is today's `work` averaging exactly when κ = 0,
+conserved. With lr 1 and μ 0 the merge is plain `work` averaging exactly when κ = 0,
 when a side did not state its fresh work, or when f_r / (f_l + f_r) = w_r / (w_l + w_r)
 (e.g. a pair's first merge from the shared initial model, where w = f).
 """
@@ -40,9 +40,8 @@ from murmur.node.learn.rules.rule import Fresh, MergeDelta, MergeRule, MixDecisi
 from murmur.node.learn.rules.work import WorkRule
 from murmur.node.learn.tensors import OPTIMIZER_PREFIX
 
-# κ: how much of the share follows the fresh work (see the module docstring). The event-time lab
-# (charlm, 4 peers at speeds 1,1,2,4, periods 10/25/50) measured κ = 1 at or below κ = 0.5 and 0
-# in final loss, the gain growing with the period: docs/history/2026-12-04-outer-staleness.md.
+# κ: how much of the share follows the fresh work (see the module docstring); the per-sample lab's
+# comparison of κ values: docs/history/2026-12-04-outer-staleness.md.
 DISCOUNT = 1.0
 
 

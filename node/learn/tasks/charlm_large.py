@@ -21,8 +21,7 @@ class CharLMLargeTask(CharLMTask):
 
     name = "charlm-large"
     config = LARGE_CONFIG
-    # 128 windows of 64 bytes (8192 predictions): one evaluation is 4 forward passes, ~0.3 s on one core.
+    # 128 windows of 64 bytes (8192 predictions): an evaluation costs a few steps, not a minute.
     eval_windows = 128
-    # charlm's too; over 20 Mbit/s links (3 seeds) it beat 1.5e-3 and 6e-3 for both
-    # sync-proportional and Murmur (docs/bench/slow-links-20mbit-lr).
+    # charlm's too: the best of the rates compared over slow links (docs/bench/slow-links-20mbit-lr).
     learning_rate = 3e-3
