@@ -240,8 +240,8 @@ def _window_stats(exchange: dict, side: dict) -> dict:
 
 def merge_errors(dtypes: list[str], steps: int = 100) -> dict[str, dict[str, float]]:
     """Relative error a lossy wire dtype adds to one merge of two digits models trained apart."""
-    from murmur.node.learn.rules import MergeDelta
     from murmur.node.learn.loop import TrainingLoop
+    from murmur.node.learn.rules import MergeDelta
     from murmur.node.learn.tasks import load_task
 
     a, b = TrainingLoop(load_task("digits"), shard=1), TrainingLoop(load_task("digits"), shard=2)

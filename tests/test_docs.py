@@ -19,8 +19,6 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 from murmur.node.ops.config import option
 from murmur.node.ops.config_reference import COMMAND, render
 

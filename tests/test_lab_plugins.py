@@ -8,12 +8,13 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from partner_sampling import frequencies, members
 
 from lab.plugins import LinkSpeedPartners, register
 from murmur.node.learn.replica import Replica
 from murmur.node.learn.rules import OPTIMIZER_STATE, make_rule
 from murmur.node.net.partners import PARTNER_CHOICES
-from murmur.node.net.peers import PeerEntry, PeerTable
+from murmur.node.net.peers import PeerTable
 from murmur.node.ops.run import build_run_parser
 
 
@@ -27,36 +28,27 @@ def registries() -> Iterator[None]:
         registry.update(before)  # type: ignore[arg-type]
 
 
-def _members(*rates: float | None) -> list[PeerEntry]:
-    return [PeerEntry(f"p{i}", [f"/dns/p{i}/tcp/1"], 0.0, exchange_rate=r) for i, r in enumerate(rates)]
-
-
-def _frequencies(choice, members: list[PeerEntry], n: int = 20_000) -> dict[str, float]:
-    rng = random.Random(0)
-    counts = Counter(choice.pick(members, rng)[0].peer_id for _ in range(n))
-    return {m.peer_id: counts[m.peer_id] / n for m in members}
-
 
 def test_link_speed_picks_in_proportion_to_measured_speed() -> None:
     # 50, 20 and 10 Mbit/s partners: each gets about the same share of this peer's exchange time.
-    freq = _frequencies(LinkSpeedPartners(), _members(6.25e6, 2.5e6, 1.25e6))
+    freq = frequencies(LinkSpeedPartners(), members(6.25e6, 2.5e6, 1.25e6))
     assert freq == pytest.approx({"p0": 0.625, "p1": 0.25, "p2": 0.125}, abs=0.02)
 
 
 def test_an_unmeasured_member_counts_as_the_fastest_so_it_gets_measured() -> None:
-    freq = _frequencies(LinkSpeedPartners(), _members(4e6, 1e6, None))
+    freq = frequencies(LinkSpeedPartners(), members(4e6, 1e6, None))
     assert freq == pytest.approx({"p0": 4 / 9, "p1": 1 / 9, "p2": 4 / 9}, abs=0.02)
 
 
 def test_link_speed_without_any_measurement_is_uniform_and_says_so() -> None:
-    members = _members(None, None)
-    entry, reason = LinkSpeedPartners().pick(members, random.Random(0))
-    assert entry in members and reason == "random pick among 2 live peers (no link measured yet)"
-    assert _frequencies(LinkSpeedPartners(), members) == pytest.approx({"p0": 0.5, "p1": 0.5}, abs=0.02)
+    unmeasured = members(None, None)
+    entry, reason = LinkSpeedPartners().pick(unmeasured, random.Random(0))
+    assert entry in unmeasured and reason == "random pick among 2 live peers (no link measured yet)"
+    assert frequencies(LinkSpeedPartners(), unmeasured) == pytest.approx({"p0": 0.5, "p1": 0.5}, abs=0.02)
 
 
 def test_the_reason_states_the_pick_and_its_probability() -> None:
-    _, reason = LinkSpeedPartners().pick(_members(3e6), random.Random(0))
+    _, reason = LinkSpeedPartners().pick(members(3e6), random.Random(0))
     assert reason == "link-speed pick among 1 live peers (its exchanges: 3.00 MB/s; p=1.00)"
 
 

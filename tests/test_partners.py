@@ -3,27 +3,17 @@
 from __future__ import annotations
 
 import random
-from collections import Counter
 from collections.abc import Sequence
 
 import pytest
+from partner_sampling import frequencies, members
 
 from murmur.node.net.partners import PARTNER_CHOICES, UniformPartners
 from murmur.node.net.peers import PeerEntry, PeerTable
 
 
-def _members(*rates: float | None) -> list[PeerEntry]:
-    return [PeerEntry(f"p{i}", [f"/dns/p{i}/tcp/1"], 0.0, exchange_rate=r) for i, r in enumerate(rates)]
-
-
-def _frequencies(choice, members: list[PeerEntry], n: int = 20_000) -> dict[str, float]:
-    rng = random.Random(0)
-    counts = Counter(choice.pick(members, rng)[0].peer_id for _ in range(n))
-    return {m.peer_id: counts[m.peer_id] / n for m in members}
-
-
 def test_uniform_ignores_link_speed() -> None:
-    freq = _frequencies(UniformPartners(), _members(10e6, 1e6, None))
+    freq = frequencies(UniformPartners(), members(10e6, 1e6, None))
     assert all(f == pytest.approx(1 / 3, abs=0.02) for f in freq.values())
 
 

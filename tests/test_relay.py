@@ -16,9 +16,9 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 from libp2p.security.noise.io import NoiseTransportReadWriter
 
+from lab.swarm import ForkedPeer, stop_processes
 from murmur.node.averaging.averager import Averager
 from murmur.node.averaging.factory import build_averager
-from lab.swarm import ForkedPeer, stop_processes
 from murmur.node.averaging.outcome import Result
 from murmur.node.learn.loop import TrainingLoop
 from murmur.node.learn.tasks import DigitsTask

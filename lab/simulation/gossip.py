@@ -22,12 +22,12 @@ import anyio
 import torch
 import trio.testing
 
-from murmur.node.averaging.averager import Averager
-from murmur.node.averaging.factory import build_averager
 from lab.simulation.config import SimConfig, SimResult, accuracy_task
 from lab.simulation.links import LinkTransport
 from lab.simulation.network import Profile
 from lab.simulation.topologies import Partial, TopologyTable, make_topology
+from murmur.node.averaging.averager import Averager
+from murmur.node.averaging.factory import build_averager
 from murmur.node.learn.loop import TrainingLoop
 from murmur.node.learn.rules import make_rule
 from murmur.node.learn.runtime import Runtime

@@ -20,7 +20,6 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-
 T = TypeVar("T")
 log = logging.getLogger("murmur.peer")
 
