@@ -90,7 +90,10 @@ def test_forked_peer_runs_murmur_in_its_own_session_and_stops_by_pid(tmp_path: P
             time.sleep(0.1)
         assert os.getsid(peer.pid) == peer.pid  # a session of its own: a Ctrl-C meant for us does not reach it
         start_file.write_text(repr(time.time()))
-        time.sleep(1.5)
+        metrics = tmp_path / "p" / "metrics.jsonl"
+        while not (metrics.exists() and metrics.read_text().strip()) and time.monotonic() < deadline:
+            assert peer.poll() is None, (tmp_path / "log.txt").read_text()
+            time.sleep(0.1)
     finally:
         assert stop_processes([peer]) == [0]
     log = (tmp_path / "log.txt").read_text()
