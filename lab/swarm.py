@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 ADDR_FILE = "addrs.txt"
 LOG_FILE = "log.txt"
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+CHECKOUT = Path(__file__).resolve().parents[1]
 
 
 class SwarmError(RuntimeError):
@@ -41,9 +42,6 @@ class SwarmError(RuntimeError):
 def murmur_command() -> list[str]:
     """The command a local peer runs: `murmur run` with the lab's hooks (`lab.peer`), so its flags are `murmur run`'s plus the lab's."""
     return [sys.executable, "-m", "lab.peer"]
-
-
-CHECKOUT = Path(__file__).resolve().parents[1]
 
 
 def peer_environment() -> dict[str, str]:
