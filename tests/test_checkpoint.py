@@ -54,14 +54,14 @@ def test_a_write_killed_midway_leaves_only_a_stray_temporary(tmp_path: Path) -> 
 
 
 def test_trainer_resumes_model_optimizer_and_counters(tmp_path: Path) -> None:
-    trainer = TrainingLoop(DigitsTask(), shard=0)
+    loop = TrainingLoop(DigitsTask(), shard=0)
     for _ in range(3):
-        trainer.step()
-    save_checkpoint(tmp_path, trainer.replica.checkpoint_state())
+        loop.step()
+    save_checkpoint(tmp_path, loop.replica.checkpoint_state())
     resumed = TrainingLoop(DigitsTask(), shard=0)
     resumed.replica.restore(load_latest(tmp_path)[0])
     assert (resumed.replica.samples, resumed.replica.work) == (96, 96.0)
-    for name, tensor in trainer.replica.snapshot().state.items():
+    for name, tensor in loop.replica.snapshot().state.items():
         torch.testing.assert_close(resumed.replica.snapshot().state[name], tensor)
     momentum = next(iter(resumed.replica.optimizer.state.values()))["momentum_buffer"]
     assert momentum.abs().sum() > 0

@@ -202,11 +202,11 @@ def test_cuda_trainer_exchanges_with_a_cpu_trainer_and_checkpoints_portably(tmp_
 def test_mixed_precision_trains_on_cuda() -> None:
     if not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bfloat16")
-    trainer = TrainingLoop(DigitsTask(), shard=0, device="cuda", mixed_precision=True)
+    loop = TrainingLoop(DigitsTask(), shard=0, device="cuda", mixed_precision=True)
     losses = []
     for _ in range(30):
-        trainer.step()
-        losses.append(trainer.replica.last_loss)
-    assert next(trainer.replica.model.parameters()).dtype == torch.float32  # autocast leaves the weights alone
+        loop.step()
+        losses.append(loop.replica.last_loss)
+    assert next(loop.replica.model.parameters()).dtype == torch.float32  # autocast leaves the weights alone
     assert losses[-1] < losses[0]
-    assert trainer.evaluate().metrics["accuracy"] > 0.5
+    assert loop.evaluate().metrics["accuracy"] > 0.5

@@ -159,7 +159,7 @@ def test_delta_applied_to_a_moved_live_model_keeps_its_progress(
 ) -> None:
     snapshot, remote = _state(seed_l), _state(seed_r)
     progress = _state(seed_d, scale=0.01)
-    live = {n: snapshot[n] + progress[n] for n in snapshot}  # the trainer kept going during the exchange
+    live = {n: snapshot[n] + progress[n] for n in snapshot}  # the loop kept stepping during the exchange
     share = make_rule(policy_name).decide(w_l, w_r).remote_share
     delta = MergeDelta(snapshot, remote, share)
     merged = _merged(snapshot, remote, share)
