@@ -61,14 +61,13 @@ from lab.links import (
     peer_links,
 )
 from lab.netns import Netns
+from lab.peer import PARAMS_FILE
 from lab.progress import Progress
-from lab.swarm import FORK_PRELOAD, ForkedProcess, peer_id, start_peer, stop_processes
+from lab.swarm import FORK_PRELOAD, LOG_FILE, Peer, peer_id, start_peer, stop_swarm
 from lab.sync_baseline import RANK_MODULE, run_sync
 from murmur.node.learn.tasks.task import Metric
 from murmur.node.learn.weight_average import DEFAULT_DECAY
-from murmur.node.ops.node import METRICS_FILE
 from murmur.node.ops.node_status import NodeStatus
-from murmur.node.ops.status import StatusUnavailable, load_status
 
 START_MARGIN_S = 0.3  # from the start file's writing to the start time it holds: every peer reads it in time
 
@@ -104,7 +103,7 @@ def run_murmur(
     start_file = root / "start-at"
     hosts = [ns.address for ns in links] if links else ["127.0.0.1"] * len(slowdowns)
     first = f"/ip4/{hosts[0]}/tcp/{ports[0]}/p2p/{peer_id(dirs[0])}"
-    procs = []
+    peers: list[Peer] = []
     for i, (slowdown, data_dir) in enumerate(zip(slowdowns, dirs)):
         extra = [
             "--task", task, "--step-time", str(spec["step_time"]), "--duration", str(max_s),
@@ -119,56 +118,42 @@ def run_murmur(
             i, root, slowdown, extra, first if i and method != "ideal" else None, fork=True, data_dir=data_dir,
             listen=f"/ip4/{hosts[i]}/tcp/{ports[i]}", netns=links[i] if links else None,
         )  # fmt: skip
-        procs.append(peer.process)
+        peers.append(peer)
     try:
         joined = time.monotonic()
         # Peers in namespaces pull the model over their capped links.
-        _wait_until_ready(procs, dirs, others=0 if method == "ideal" else len(slowdowns) - 1, timeout=180.0 if links else 60.0)
+        _wait_until_ready(peers, others=0 if method == "ideal" else len(slowdowns) - 1, timeout=180.0 if links else 60.0)
         start_at = time.time() + START_MARGIN_S
         (root / "start-at.tmp").write_text(repr(start_at))
         (root / "start-at.tmp").replace(start_file)
         startup_s = time.monotonic() - joined + START_MARGIN_S
         deadline = start_at + max_s + 30
-        while time.time() < deadline and any(p.poll() is None for p in procs):
+        while time.time() < deadline and any(p.alive() for p in peers):
             time.sleep(0.5)
-            grid = _median_curve(dirs, spec["metric"], start_at, _grid_s(spec))
+            grid = _median_curve(peers, spec["metric"], start_at, _grid_s(spec))
             if method != "ideal" and grid and _metric(spec).reached(grid[-1]["value"], spec["target"]) \
                     and grid[-1]["samples"] >= min_samples:
                 time.sleep(1.0)  # one more grid point, then stop everyone
                 break
     finally:
-        codes = stop_processes(procs, timeout=20)
-    result = _murmur_result(task, slowdowns, method, dirs, start_at, codes)
+        codes = stop_swarm(peers, timeout=20)
+    result = _murmur_result(task, slowdowns, method, peers, start_at, codes)
     result["startup_s"] = startup_s
     return result
 
 
-def _wait_until_ready(procs: list[ForkedProcess], dirs: list[Path], others: int, timeout: float = 60.0) -> None:
+def _wait_until_ready(peers: list[Peer], others: int, timeout: float = 60.0) -> None:
     """Wait until every peer waits for its start time, knowing `others` peers; raise if one exits or time runs out."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for i, p in enumerate(procs):
-            if p.poll() is not None:
-                raise RuntimeError(f"peer {i} exited with {p.returncode} before the start; see {dirs[i] / 'log.txt'}")
-        statuses = [_status(d) for d in dirs]
+        for i, p in enumerate(peers):
+            if not p.alive():
+                raise RuntimeError(f"peer {i} exited with {p.process.returncode} before the start; see {p.data_dir / LOG_FILE}")
+        statuses = [p.status() for p in peers]
         if all(s is not None and s.phase == "waiting" and s.known_peers >= others for s in statuses):
             return
         time.sleep(0.05)
-    raise RuntimeError(f"peers not ready within {timeout:g}s: {[s.phase if (s := _status(d)) else None for d in dirs]}")
-
-
-def _status(data_dir: Path) -> NodeStatus | None:
-    """The peer's last status, or None while it has written none."""
-    try:
-        return load_status(data_dir)
-    except StatusUnavailable:
-        return None
-
-
-def _records(data_dir: Path) -> list[dict]:
-    """The peer's evaluation records so far ([] before its first)."""
-    path = data_dir / METRICS_FILE
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    raise RuntimeError(f"peers not ready within {timeout:g}s: {[s.phase if (s := p.status()) else None for p in peers]}")
 
 
 def _grid_s(spec: dict) -> float:
@@ -176,9 +161,9 @@ def _grid_s(spec: dict) -> float:
     return min(1.0, spec.get("eval_every", 1.0))
 
 
-def _median_curve(dirs: list[Path], metric: str, t0: float, grid_s: float = 1.0) -> list[dict]:
+def _median_curve(peers: list[Peer], metric: str, t0: float, grid_s: float = 1.0) -> list[dict]:
     """The median peer's metric and the swarm's total samples every `grid_s` seconds after `t0`."""
-    records = [_records(d) for d in dirs]
+    records = [p.metrics() for p in peers]
     if not all(records):
         return []
     end = min(r[-1]["t"] for r in records) - t0
@@ -196,9 +181,9 @@ def _consensus(dirs: list[Path]) -> list[dict]:
 
     histories = []
     for d in dirs:
-        if not (d / "params.pt").exists():
+        if not (d / PARAMS_FILE).exists():
             return []
-        histories.append(torch.load(d / "params.pt"))
+        histories.append(torch.load(d / PARAMS_FILE))
     t0 = min(h[0][0] for h in histories if h)
     out = []
     for k in range(min(len(h) for h in histories)):
@@ -217,10 +202,10 @@ def _peer_result(rank: int, slowdown: float, status: NodeStatus | None) -> dict:
             "bytes_sent": status.bytes_sent, "exchanges": dict(status.exchanges), "mean_exchange_s": status.mean_exchange_s}  # fmt: skip
 
 
-def _murmur_result(task: str, slowdowns: list[float], method: str, dirs: list[Path], start_at: float, codes: list) -> dict:
+def _murmur_result(task: str, slowdowns: list[float], method: str, peers: list[Peer], start_at: float, codes: list) -> dict:
     spec = TASKS[task]
-    curve = _median_curve(dirs, spec["metric"], start_at, _grid_s(spec))
-    statuses = [_status(d) for d in dirs]
+    curve = _median_curve(peers, spec["metric"], start_at, _grid_s(spec))
+    statuses = [p.status() for p in peers]
     ttt = next((c["t"] for c in curve if _metric(spec).reached(c["value"], spec["target"])), None)
     return {
         "method": method,
@@ -229,7 +214,7 @@ def _murmur_result(task: str, slowdowns: list[float], method: str, dirs: list[Pa
         "time_to_target": ttt,
         "samples_per_s": sum(s.samples_per_s for s in statuses if s),
         "peers": [_peer_result(i, slowdowns[i], s) for i, s in enumerate(statuses)],
-        "consensus": _consensus(dirs),
+        "consensus": _consensus([p.data_dir for p in peers]),
     }
 
 

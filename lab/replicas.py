@@ -130,12 +130,15 @@ class Synced:
     ) -> None:
         self.task, self.local_steps = task, local_steps
         self.loops = [TrainingLoop(task, shard=shard, ema_decay=ema_decay) for shard in shards]
-        self.replicas = [loop.replica for loop in self.loops]
         for replica in self.replicas:
             replica.model.load_state_dict(self.replicas[0].model.state_dict())
             scale_learning_rate(replica.optimizer, lr_scale)
         self._anchor = [p.detach().clone().requires_grad_(True) for p in self.replicas[0].model.parameters()]
         self._outer = torch.optim.SGD(self._anchor, lr=outer_lr, momentum=outer_momentum, nesterov=outer_momentum > 0)
+
+    @property
+    def replicas(self) -> list[Replica]:
+        return [loop.replica for loop in self.loops]
 
     def step(self) -> int:
         """Every replica's local steps, then the outer step; returns the samples of all local steps."""

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from murmur.node.ops.node import METRICS_FILE, STATUS_FILE
-from murmur.node.ops.node_status import NodeStatus, NotAStatus
+from murmur.node.ops.node import METRICS_FILE
+from murmur.node.ops.node_status import NodeStatus
+from murmur.node.ops.status import StatusUnavailable, load_status
 
 if TYPE_CHECKING:
     from lab.netns import Netns
@@ -168,8 +169,8 @@ class Peer:
     def status(self) -> NodeStatus | None:
         """The peer's latest status, or None before it writes one."""
         try:
-            return NodeStatus.from_json((self.data_dir / STATUS_FILE).read_text())
-        except (OSError, NotAStatus):
+            return load_status(self.data_dir)
+        except StatusUnavailable:
             return None
 
     def metrics(self) -> list[dict]:

@@ -1,9 +1,10 @@
-"""The `murmur` command: `run` a peer, `demo` a local swarm, `bench` against all-reduce,
-show a node's `status`, print its `id`.
+"""The `murmur` command: `run` a peer, show a node's `status`, print its `id`; and, from a
+source checkout, `demo` a local swarm and `bench` against all-reduce.
 
-It sits above `murmur.node.ops` (the running node) and `lab` (benchmark and demo), which
-know nothing of it; each subcommand imports what it needs when it runs, so `murmur
-status` stays free of torch.
+It sits above `murmur.node.ops` (the running node), which knows nothing of it; each subcommand
+imports what it needs when it runs, so `murmur status` stays free of torch. `demo` and `bench`
+belong to the lab (`lab/` beside the package), which is not installed: an editable install
+finds it in its checkout, any other install says in one line where to get it.
 """
 
 from __future__ import annotations
