@@ -32,7 +32,7 @@ TASKS = {
     "charlm-large": {"step_time": 1250.0, "target": 3.0, "metric": "loss", "higher": False, "max_s": 120.0,
                      "lr_scale": {}, "local_steps": 4, "eval_every": 6.0},
 }
-METHODS = ["sync-equal", "sync-proportional", "diloco", "murmur-uniform", "murmur-work", "murmur"]
+METHODS = ["sync-equal", "sync-proportional", "sync-adaptive", "diloco", "diloco-proportional", "murmur-uniform", "murmur-work", "murmur"]
 # What each Murmur method tells `murmur run` beyond the workload; `murmur` keeps every default.
 MURMUR_ARGS = {
     "murmur-uniform": ["--merge", "average", "--weighting", "uniform"],
@@ -82,3 +82,10 @@ SLOW_LINK = {"tasks": ["charlm-large"], "mixes": {"charlm-large": ["headline"]},
              "runs": at_chosen_lr(["sync-equal", "sync-proportional", "diloco", "murmur-work", "murmur"]),
              "link_mbit": [20.0], "ema_decay": 0.0}
 SLOW_LINK_UNEVEN = {**SLOW_LINK, "link_mbit": [100.0, 50.0, 20.0, 10.0]}
+# The real arena on loopback (`murmur bench --scenario NAME[,NAME]`, `--trace FILE`): charlm's headline mix under
+# a speed trace (`lab.traces`) over a 90 s horizon, against the sync baselines that follow changing speeds. The target
+# is lower than charlm's own so that every method is still training when the scenario's events come (a third of the
+# horizon on); loss at equal samples is read where sync-adaptive, the best-tuned of them, reached it.
+ARENA = {"tasks": ["charlm"], "mixes": {"charlm": ["headline"]}, "seeds": [0, 1, 2], "max_s": {"charlm": 120.0},
+         "horizon_s": {"charlm": 90.0}, "target": {"charlm": 2.0}, "reference": "sync-adaptive", "scenarios": ["drift"],
+         "runs": at_chosen_lr(["sync-adaptive", "sync-proportional", "murmur"])}
