@@ -14,6 +14,8 @@ Modes (`diloco`, `adaptive`, `diloco-proportional`: see `lab.sync_rank`):
                 scales its mean-loss gradient by its batch, the sum is all-reduced
                 and divided by the total number of samples in the step.
   adaptive      proportional, re-split every `rebalance_every` steps by measured speed.
+  diloco-proportional  diloco whose slower ranks take fewer inner steps, re-split every round by
+                measured speed, so that the ranks reach the all-reduce together.
 
 Heterogeneity is emulated as on a Murmur node (`murmur.node.learn.step.Pacing`): after the
 local compute of a step (drawing the batch, forward, backward) a rank with slowdown S
@@ -39,6 +41,8 @@ the capped links. Start-up stays excluded: the clock still starts at the ranks' 
 Library use: `run_sync(...)` returns a JSON-serialisable dict. CLI:
   python -m lab.sync_baseline --task digits --slowdowns 1,1,2,4 --mode equal \
       --step-time-ms 20 --duration 20 --out results/sync.json
+  python -m lab.sync_baseline --slowdowns 1,2 --mode diloco-proportional --outer-wire int8 \
+      --step-time-ms 20 --trace my-trace.json
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ from lab.links import LINK_DEVICE
 from lab.netns import Netns
 from lab.swarm import ForkedProcess, stop_processes
 from lab.sync_rank import HOST, MODES, Config, run_rank, worker
-from lab.traces import Trace, load
+from lab.traces import Trace, TraceError, load
 from murmur.node.learn.tasks.task import Metric
 
 RANK_MODULE = "lab.sync_rank"  # what the ranks' fork server preloads
@@ -190,7 +194,7 @@ def run_sync(
         float(eval_every), int(seed), store.port if store else STORE_PORT, float(pg_timeout_s), float(lr_scale),
         int(local_steps), float(outer_lr), float(outer_momentum), int(min_samples), float(ema_decay),
         **({"store_host": links[0].address, "store_on_rank0": True} if links is not None else {}),
-        trace=trace, slots=slots if trace is not None else None, rebalance_every=int(rebalance_every),
+        trace=trace, slots=tuple(slots) if slots is not None else None, rebalance_every=int(rebalance_every),
         outer_wire=outer_wire,
     )  # fmt: skip
     deadline = begin + (timeout_s if timeout_s is not None else 600 + 2 * duration)
@@ -375,11 +379,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write the results JSON here")
     args = parser.parse_args(argv)
     slowdowns = [float(s) for s in args.slowdowns.split(",") if s.strip()]
+    try:
+        trace = load(args.trace) if args.trace is not None else None
+    except TraceError as e:
+        parser.error(str(e))
     result = run_sync(
         args.task, slowdowns, args.mode, args.duration, args.step_time_ms, args.target, args.eval_every, args.seed,
         pg_timeout_s=args.pg_timeout, lr_scale=args.lr_scale, local_steps=args.local_steps, ema_decay=args.ema_decay,
         outer_lr=args.outer_lr, outer_wire=args.outer_wire, rebalance_every=args.rebalance_every,
-        trace=load(args.trace) if args.trace is not None else None,
+        trace=trace,
     )  # fmt: skip
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -77,13 +77,17 @@ def _reduce_rank(rank: int, port: int, inputs: list[list[float]], numel: int, re
 def test_int8_all_reduce_on_two_gloo_ranks_is_the_sum_within_the_quantization_bound() -> None:
     torch.manual_seed(1)
     numel = 3 * BLOCK + 17  # padded to whole blocks and split in two shards
-    inputs = [torch.cat([torch.randn(numel) * scale, torch.tensor([1.0, 0.25 * k])]) for k, scale in ((0, 1.0), (1, 3.0))]
+    inputs = [
+        torch.cat([torch.randn(numel) * scale, torch.tensor([1.0, 0.25 * k])]) for k, scale in ((0, 1.0), (1, 3.0))
+    ]
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=20))
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload([sb.RANK_MODULE])
     results = ctx.Queue()
     args = [x.tolist() for x in inputs]
-    procs = [ctx.Process(target=_reduce_rank, args=(r, store.port, args, numel, results), daemon=True) for r in range(2)]
+    procs = [
+        ctx.Process(target=_reduce_rank, args=(r, store.port, args, numel, results), daemon=True) for r in range(2)
+    ]
     try:
         for p in procs:
             p.start()

@@ -38,3 +38,11 @@ def test_a_trace_needs_step_time_and_a_peer_per_rank() -> None:
     with pytest.raises(ValueError, match="trace peer"):
         sb.run_sync("digits", [1.0, 1.0, 1.0], "equal", 1.0, STEP_MS, None, trace=trace)
     assert multiprocessing.active_children() == []
+
+
+def test_the_cli_names_what_is_wrong_with_a_trace_file(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "trace.json"
+    bad.write_text('{"peers": []}')
+    with pytest.raises(SystemExit) as exit_:
+        sb.main(["--slowdowns", "1,1", "--step-time-ms", "10", "--trace", str(bad)])
+    assert exit_.value.code == 2 and f"{bad}: expected an object" in capsys.readouterr().err
