@@ -23,9 +23,10 @@ TASKS = {
                "local_steps": 8, "eval_every": 0.25, "equal_samples": 10_240},
     # `step_time` keeps the headline mix's training within the machine's 2 cores, so that every emulated device
     # keeps its speed (docs/history/2026-12-06-lab-calibration.md). `lr_scale`: the choices of `murmur bench --sweep-lr`
-    # (docs/bench/sweep-lr); diloco, not swept, trains at sync-proportional's rate.
+    # (docs/bench/sweep-lr); sync-adaptive and the diloco variants, not swept, train at sync-proportional's rate.
     "charlm": {"step_time": 80.0, "target": 2.5, "metric": "loss", "higher": False, "max_s": 120.0,
-               "lr_scale": {"sync-proportional": 0.5, "diloco": 0.5}, "local_steps": 8},
+               "lr_scale": {"sync-proportional": 0.5, "sync-adaptive": 0.5, "diloco": 0.5, "diloco-proportional": 0.5},
+               "local_steps": 8},
     # 2.15M parameters (8.6 MB of float32), the slow-link task. `step_time` keeps the headline mix within 2 cores
     # (docs/history/2026-12-06-lab-calibration.md). An evaluation costs a step or two, so every peer evaluates every 6 s, not every
     # second. diloco syncs every 4 steps: over a slow link one all-reduce of the whole model costs several steps.
