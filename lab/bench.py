@@ -63,14 +63,15 @@ from murmur.node.learn.weight_average import DEFAULT_DECAY
 def run_method(
     task: str, slowdowns: list[float], method: str, seed: int, max_s: float, root: Path, lr_scale: float | None = None,
     link_mbit: list[float] | None = None, ema_decay: float = 0.0, min_samples: int = 0, trace: Trace | None = None,
-    target: float | None = None, local_steps: int | None = None,
+    target: float | None = None, local_steps: int | None = None, same_init: bool = False,
 ) -> dict:
     """Run one method (or the ideal) on the task's workload at `lr_scale` (default: the task's chosen scale).
 
     A run that reaches `target` (default: the task's) trains on until `min_samples` (where methods are
     compared), within `max_s`. Every method evaluates a moving average of its weights with `ema_decay`
     (0: the live model). With `trace` (`lab.traces`) every peer or rank follows it; `slowdowns` are then
-    its initial ones. DiLoCo methods sync every `local_steps` steps (default: the task's).
+    its initial ones. DiLoCo methods sync every `local_steps` steps (default: the task's). With `same_init`
+    every peer and rank starts from the task's seeded model instead of receiving it over the links.
 
     With `link_mbit` (one cap per peer) the run gets its own capped namespaces (`lab.links.peer_links`),
     removed when it ends; the result records the caps under "link_mbit" (None on loopback).
@@ -83,8 +84,11 @@ def run_method(
             result = run_murmur(task, slowdowns, method, seed, max(6.0, 2 * spec.get("eval_every", 1.0)), root, links=links,
                                 ema_decay=ema_decay, trace=trace and static_trace([trace.peers[i].slowdown_at(0.0) or 1.0 for i in trace.initial()]))
         elif method in MURMUR_ARGS:
+            # An exchange over the slowest link is given the time it needs; a peer that starts from the task's
+            # seeded model (`same_init`) pulls none.
+            flags = [*(["--min-link-mbit", f"{min(link_mbit):g}"] if link_mbit else []), *(["--no-state-sync"] if same_init else [])]
             result = run_murmur(task, slowdowns, method, seed, max_s, root, scale, links=links, ema_decay=ema_decay,
-                                min_samples=min_samples, trace=trace, target=target)
+                                min_samples=min_samples, trace=trace, target=target, peer_flags=flags)
         else:  # the synchronous baselines: their ranks run one thread each, like the peers
             result = run_sync(task, slowdowns, method.removeprefix("sync-"), max_s, spec["step_time"], target,
                               spec.get("eval_every", 1.0), seed=seed, lr_scale=scale,
@@ -177,6 +181,7 @@ def _bench_task(task: str, config: dict, runs: list, out: Path, progress: Progre
                     r = run_method(task, slowdowns[: len(trace.initial())] if trace else slowdowns, method, seed, max_s,
                                    out / "runs" / f"{task}-{mix}{f'-{name}' if name else ''}-s{seed}-{label.replace(' ', '-')}", scale, caps,
                                    config.get("ema_decay", DEFAULT_DECAY), trace=trace, target=target, local_steps=h,
+                                   same_init=config.get("same_init", False),
                                    min_samples=equal_samples(task, group, config.get("reference", "sync-equal")) or 0)
                     r.update(mix=mix, scenario=name, seed=seed, label=label, run_wall_s=time.monotonic() - began)  # start-up and teardown included
                     group.append(r)

@@ -11,6 +11,7 @@ from lab import bench
 from lab.bench_config import (
     ARENA,
     DEFAULT,
+    LONG_HORIZON,
     METHODS,
     MIXES,
     MURMUR_ARGS,
@@ -75,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace", type=Path, default=None, metavar="FILE",
                         help="the arena under your own speed trace (JSON: times and slowdowns per peer, optional "
                              "leave/crash/join events; see docs/bench.md)")
+    parser.add_argument("--long-horizon", action="store_true",
+                        help="the slow-link arena: LONG_HORIZON (charlm-large, headline mix, links 100/50/20/10 Mbit/s scaled to "
+                             "its step time, 10 min a run, 3 seeds; needs root; see docs/bench.md)")
     parser.add_argument("--local-steps", default=None, metavar="H[,H...]",
                         help="run each DiLoCo method at each of these H (inner steps between syncs): the H sweep")
     parser.add_argument("--rescore", type=Path, default=None, metavar="RESULTS_JSON",
@@ -84,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         rescore(args.rescore, args.out)
         return 0
     arena = args.scenario is not None or args.trace is not None
-    base = QUICK if args.quick else SWEEP if args.sweep_lr else SLOW_LINK if args.link_mbit else ARENA if arena else DEFAULT
+    base = (QUICK if args.quick else SWEEP if args.sweep_lr else LONG_HORIZON if args.long_horizon else SLOW_LINK if args.link_mbit
+            else ARENA if arena else DEFAULT)  # fmt: skip
     config = json.loads(json.dumps(base))
     if args.scenario is not None:
         config["scenarios"] = args.scenario.split(",")

@@ -40,7 +40,7 @@ def _metric(spec: dict) -> Metric:
 def run_murmur(
     task: str, slowdowns: list[float], method: str, seed: int, max_s: float, root: Path, lr_scale: float = 1.0,
     links: list[Netns] | None = None, ema_decay: float = 0.0, min_samples: int = 0, trace: Trace | None = None,
-    target: float | None = None,
+    target: float | None = None, peer_flags: list[str] | None = None,
 ) -> dict[str, Any]:
     """Run one swarm of Murmur `method` (or, with `method="ideal"`, lone peers); return its results.
 
@@ -52,6 +52,7 @@ def run_murmur(
     (one namespace per peer) peer i runs in `links[i]`, listening on its address. With `trace`
     (`lab.traces`), peer i is the trace's peer i: it paces by its slowdowns, sleeps stopped, and
     leaves, crashes or joins when the trace says (`lab.trace_driver`); `slowdowns` are then its initial ones.
+    `peer_flags`: more `murmur run` flags for every peer.
     """
     spec = TASKS[task]
     target = spec["target"] if target is None else target
@@ -71,7 +72,7 @@ def run_murmur(
             "--task", task, "--step-time", str(spec["step_time"]), "--duration", str(max_s),
             "--start-file", str(start_file), "--shard", str(1000 * seed + i), "--record-params", "--log-level", "INFO",
             "--lr-scale", str(lr_scale), "--eval-every", str(spec.get("eval_every", 1.0)), "--ema-decay", str(ema_decay),
-            "--trace", str(root / TRACE_FILE), "--trace-peer", str(i),
+            "--trace", str(root / TRACE_FILE), "--trace-peer", str(i), *(peer_flags or []),
         ]
         if method == "ideal":
             extra += ["--average-every", "1e9"]  # alone: no bootstrap, no exchanges

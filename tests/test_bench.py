@@ -206,7 +206,7 @@ def test_without_a_fixed_budget_every_run_after_sync_equal_trains_as_far_as_it_n
 
     asked = []
 
-    def fake(task, slowdowns, method, seed, max_s, root, scale, caps, decay, min_samples, trace, target, local_steps):  # noqa: ANN001
+    def fake(task, slowdowns, method, seed, max_s, root, scale, caps, decay, min_samples, trace, target, local_steps, same_init):  # noqa: ANN001
         asked.append((method, min_samples))
         curve = [{"t": 0.0, "samples": 0, "loss": 5.0}, {"t": 9.0, "samples": 4096, "loss": 2.4}]
         return {"task": task, "method": method, "samples_per_s": 500.0, "time_to_target": 9.0 if method == "sync-equal" else 3.0,
