@@ -99,6 +99,6 @@ ARENA = {"tasks": ["charlm"], "mixes": {"charlm": ["headline"]}, "seeds": [0, 1,
 LONG_HORIZON_NOMINAL_MBIT = [100.0, 50.0, 20.0, 10.0]
 LONG_HORIZON_LINK_SCALE = 0.0275
 LONG_HORIZON = {"tasks": ["charlm-large"], "mixes": {"charlm-large": ["headline"]}, "seeds": [0, 1, 2],
-                "max_s": {"charlm-large": 600.0}, "reference": "diloco-proportional", "ema_decay": 0.0,
+                "max_s": {"charlm-large": 600.0}, "target": {"charlm-large": 2.8}, "reference": "diloco-proportional", "ema_decay": 0.0,
                 "link_mbit": [round(m * LONG_HORIZON_LINK_SCALE, 4) for m in LONG_HORIZON_NOMINAL_MBIT],
                 "same_init": True, "runs": at_chosen_lr(["diloco-proportional", "diloco", "murmur"])}
