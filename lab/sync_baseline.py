@@ -58,6 +58,7 @@ from lab.links import LINK_DEVICE
 from lab.netns import Netns
 from lab.swarm import ForkedProcess, stop_processes
 from lab.sync_rank import HOST, MODES, Config, run_rank, worker
+from lab.traces import Trace
 from murmur.node.learn.tasks.task import Metric
 
 RANK_MODULE = "lab.sync_rank"  # what the ranks' fork server preloads
@@ -131,6 +132,7 @@ def run_sync(
     ema_decay: float = 0.0,
     links: Sequence[Netns] | None = None,
     work_dir: Path | None = None,
+    trace: Trace | None = None,
 ) -> dict[str, Any]:
     """Train `task_name` synchronously on len(slowdowns) ranks; return the results dict.
 
@@ -143,7 +145,10 @@ def run_sync(
     configure mode `diloco` (see `lab.sync_rank`); `ema_decay` > 0 evaluates a moving average
     of the weights (`murmur.node.learn.weight_average`). With `links` (one namespace per rank, from
     `lab.links.peer_links`) rank r runs in `links[r]`, its log and result files under
-    `work_dir` (required then).
+    `work_dir` (required then). A `trace` with events (leave, crash, join) runs elastically, as torchrun would
+    (`lab.elastic`): `slowdowns` are the trace's initial peers' and each rank's slowdown is its peer's; the
+    result adds "restarts" and a row in "peers" for every peer that trained (`rank` is its peer number). Elastic
+    runs are loopback only (`links` raises `NotImplementedError`); their files go under `work_dir` if given.
 
     Returns {"method", "task", "mode", "metric", "slowdowns", "step_time_ms", "target",
     "curve": [{"t", "samples", <metrics>...}], "time_to_target", "samples_per_s",
@@ -159,8 +164,13 @@ def run_sync(
     n = len(slowdowns)
     if links is not None and (len(links) != n or work_dir is None):
         raise ValueError(f"over links every rank needs a namespace ({len(links)} for {n} ranks) and a work_dir")
+    elastic = trace is not None and bool(trace.events)
+    if elastic and links is not None:
+        raise NotImplementedError("an elastic run (a trace with events) over links is not supported: run it on loopback")
+    if elastic and len(slowdowns) != len(trace.initial()):
+        raise ValueError(f"slowdowns name the trace's {len(trace.initial())} initial peers, got {len(slowdowns)}")
     begin = time.monotonic()
-    store = _free_store(timedelta(seconds=pg_timeout_s)) if links is None else None
+    store = _free_store(timedelta(seconds=pg_timeout_s)) if links is None and not elastic else None
     cfg = Config(
         task_name, tuple(float(s) for s in slowdowns), mode, float(duration), step_time_ms, target,
         float(eval_every), int(seed), store.port if store else STORE_PORT, float(pg_timeout_s), float(lr_scale),
@@ -168,6 +178,10 @@ def run_sync(
         **({"store_host": links[0].address, "store_on_rank0": True} if links is not None else {}),
     )  # fmt: skip
     deadline = begin + (timeout_s if timeout_s is not None else 600 + 2 * duration)
+    if elastic:
+        from lab.elastic import run_elastic  # here: lab.elastic imports this module
+
+        return run_elastic(cfg, trace, begin, deadline, work_dir)
     if links is not None:
         outputs = _run_in_namespaces(cfg, links, work_dir, deadline)
     else:

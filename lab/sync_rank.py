@@ -80,6 +80,12 @@ class Config:
     # network namespace, which the parent is not in, so rank 0 hosts it on its namespace's address.
     store_host: str = HOST
     store_on_rank0: bool = False
+    slots: tuple[int, ...] | None = None  # rank r is trace peer slots[r] (its data shard); None: rank r is peer r
+
+
+def slot_of(cfg: Config, rank: int) -> int:
+    """The trace peer that `rank` stands for: its data shard follows the peer, not the rank number."""
+    return rank if cfg.slots is None else cfg.slots[rank]
 
 
 def batch_sizes(base: int, slowdowns: Sequence[float], mode: str) -> list[int]:
@@ -266,7 +272,7 @@ def _setup(rank: int, cfg: Config) -> Rank:
     torch.manual_seed(1000 * cfg.seed + rank)  # per-rank randomness (dropout etc.)
     params = [p for p in model.parameters() if p.requires_grad]
     flat = torch.zeros(sum(p.numel() for p in params) + 2, dtype=params[0].dtype)
-    stream = resized_batches(iter(task.train_batches(shard=rank + 1000 * cfg.seed)), batches[rank])
+    stream = resized_batches(iter(task.train_batches(shard=slot_of(cfg, rank) + 1000 * cfg.seed)), batches[rank])
     anchor: list[torch.Tensor] = []
     outer = None
     if cfg.mode == "diloco":  # the shared anchor is what the outer optimizer steps
