@@ -129,9 +129,13 @@ class Generation:
         self.cfg = replace(cfg, slowdowns=tuple(slowdowns), slots=tuple(members), port=self._store.port)
         self.killed: dict[int, float] = {}  # rank -> when the agent SIGKILLed it
         self.procs: list[ForkedProcess] = []
-        for r in range(len(members)):
-            log = Path(plan.gen_dir) / f"rank{r}.log"
-            self.procs.append(ForkedProcess(member, (r, self.cfg, plan), log, name=f"elastic-g{plan.generation}-rank{r}"))
+        try:
+            for r in range(len(members)):
+                log = Path(plan.gen_dir) / f"rank{r}.log"
+                self.procs.append(ForkedProcess(member, (r, self.cfg, plan), log, name=f"elastic-g{plan.generation}-rank{r}"))
+        except BaseException:
+            self.close()
+            raise
 
     def progress(self) -> dict[str, Any] | None:
         """Rank 0's progress file (see `lab.elastic_rank`), or None before it writes one."""
@@ -213,10 +217,10 @@ class Agent:
             outcomes, progress = gen.outcomes(), gen.progress() or {}
             if self.restarts:
                 self._resumed(self.restarts[-1], progress)
-            head = outcomes.get(0)
-            if head is not None and head["kind"] == "done":
-                self._account(gen, outcomes, progress, head["step"] - start.step)
-                return self._result(head, _curve(curve), begin)
+            done = [o for o in outcomes.values() if o is not None and o["kind"] == "done"]
+            if done:  # training is over, whatever was applied as it ended
+                self._account(gen, outcomes, progress, done[0]["step"] - start.step)
+                return self._result(done[0], _curve(curve), begin)
             if not applied:
                 raise RankFailed(f"generation {number} ended with no event applied: {outcomes}")
             chosen, why = self._choose(outcomes, start)
@@ -316,7 +320,7 @@ class Agent:
 
     def _result(self, head: dict[str, Any], curve: list[dict[str, Any]], begin: float) -> dict[str, Any]:
         """`run_sync`'s result over the whole run, plus "restarts" and each peer's "slot"."""
-        m = head["measurements"]
+        m = head["head"]
         metric, target = Metric(m["metric"], m["higher_is_better"]), self.cfg.target
         peers = [self.totals[s].row() for s in sorted(self.totals)]
         total, wall = sum(p["samples"] for p in peers), head["train_time"]

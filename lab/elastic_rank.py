@@ -194,9 +194,13 @@ def _train(r: Rank, state: Progress, carried: Carried, plan: Plan, started: floa
         if r.rank == 0 and synced and state.train_time() >= next_checkpoint:
             _save(r, state, carried, kept, Path(plan.checkpoint))
             next_checkpoint = state.train_time() + plan.checkpoint_every_s
+    metric = r.task.metric
     out = {"kind": "done", "stopped_at": time.monotonic(), "step": carried.step + kept,
            "reached": carried.step + state.steps, "train_time": state.train_time(),
-           "measurements": _generation_measurements(r, state, kept, started)}  # fmt: skip
+           "measurements": _generation_measurements(r, state, kept, started),
+           # what the run's result says of the task and clock, from whichever member outlives the end
+           "head": {"task": r.task.name, "metric": metric.name, "higher_is_better": metric.higher_is_better,
+                    "batch_size": r.task.batch_size, "clock_start": state.clock_start, "eval_s": state.paused}}  # fmt: skip
     dist.destroy_process_group()
     return out
 

@@ -1,0 +1,177 @@
+"""Tests for lab/elastic.py and lab/elastic_rank.py: the sync baselines as an elastic job under churn.
+
+The pure pieces (the event schedule, the membership, the choice of state, the stream skip) run in-process; the
+runs (slow) fork real gloo members of `digits` on loopback for a few seconds of training each.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+from typing import Any
+
+import pytest
+import torch
+
+from lab import elastic as el
+from lab import sync_baseline as sb
+from lab.elastic_rank import is_peer_failure, skipped
+from lab.traces import Event, PeerTrace, Trace, TraceError, static
+
+STEP_MS = 10.0
+
+
+def _trace(slowdowns: list[float | None], events: list[Event]) -> Trace:
+    return Trace(tuple(PeerTrace((0.0,), (s,)) for s in slowdowns), tuple(events))  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------- the schedule
+
+
+def test_schedule_orders_the_events_and_keeps_a_member() -> None:
+    leave, join = Event(2.0, 0, "leave"), Event(1.0, 2, "join")
+    assert el.schedule(_trace([1, 1, 1], [leave, join])) == (join, leave)
+    with pytest.raises(ValueError, match="no member at t=1"):
+        el.schedule(_trace([1, 1], [Event(1.0, 0, "leave"), Event(1.0, 1, "crash")]))
+    # a leave and a join at one time: the group never empties
+    assert len(el.schedule(_trace([1, 1], [Event(1.0, 0, "leave"), Event(1.0, 1, "join")]))) == 2
+
+
+def test_due_splits_by_training_time() -> None:
+    a, b = Event(1.0, 0, "leave"), Event(2.0, 1, "crash")
+    assert el.due([a, b], 0.5) == ([], [a, b])
+    assert el.due([a, b], 1.0) == ([a], [b])
+    assert el.due([a, b], 9.0) == ([a, b], [])
+
+
+def test_membership_renumbers_the_ranks_in_slot_order() -> None:
+    assert el.membership([0, 1, 2], [Event(1, 0, "leave")]) == [1, 2]
+    assert el.membership([1, 2], [Event(1, 3, "join")]) == [1, 2, 3]
+    assert el.membership([1, 2, 3], [Event(1, 2, "crash"), Event(1, 0, "join")]) == [0, 1, 3]
+
+
+def test_a_sleeping_peer_joins_at_the_speed_it_wakes_to() -> None:
+    trace = Trace((PeerTrace((0.0, 5.0, 8.0), (2.0, None, 3.0)),))
+    assert [el._slowdown(trace, 0, t) for t in (0.0, 6.0, 9.0)] == [2.0, 3.0, 3.0]
+
+
+# ---------------------------------------------------------------------- the state to restart from
+
+
+def test_the_most_advanced_survivor_wins() -> None:
+    saved = [el.Candidate("survivor", 40, 1280, "a", rank=1), el.Candidate("survivor", 41, 1312, "b", rank=2)]
+    chosen, why = el.choose_state([*saved, el.Candidate("checkpoint", 30, 960, "c"), el.Candidate("start", 10, 320, "d")])
+    assert chosen.path == "b" and why == "rank 2's state at step 41, the most advanced of 2 saved by members"
+
+
+def test_a_tie_goes_to_a_survivor_then_the_lowest_rank() -> None:
+    chosen, _ = el.choose_state([el.Candidate("checkpoint", 40, 0, "c"), el.Candidate("survivor", 40, 0, "r2", rank=2),
+                                 el.Candidate("survivor", 40, 0, "r0", rank=0)])  # fmt: skip
+    assert chosen.path == "r0"  # rank 0 also saved its weight average
+
+
+def test_without_a_survivor_the_checkpoint_or_else_the_start() -> None:
+    checkpoint, start = el.Candidate("checkpoint", 30, 960, "c"), el.Candidate("start", 20, 640, "s")
+    chosen, why = el.choose_state([checkpoint, start])
+    assert chosen is checkpoint and why == "the checkpoint at step 30: no member saved its state"
+    older = el.Candidate("checkpoint", 10, 320, "old")  # written by an earlier generation
+    assert el.choose_state([older, start]) == (start, "the start at step 20: no member saved its state")
+    with pytest.raises(ValueError, match="no state"):
+        el.choose_state([])
+
+
+# ---------------------------------------------------------------------- the members' pieces
+
+
+def test_a_resumed_stream_skips_the_rows_already_trained_on() -> None:
+    def stream():
+        start = 0
+        while True:
+            yield torch.arange(start, start + 4).unsqueeze(1), torch.arange(start, start + 4)
+            start += 4
+
+    rows = [int(v) for _, (_x, y) in zip(range(3), skipped(stream(), 6)) for v in y]
+    assert rows == list(range(6, 16))  # the rest of the batch the skip cut, then whole ones
+    assert [int(v) for v in next(skipped(stream(), 0))[1]] == [0, 1, 2, 3]
+
+
+def test_peer_failures_are_told_from_other_errors() -> None:
+    assert is_peer_failure(RuntimeError("[third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer"))
+    assert is_peer_failure(torch.distributed.DistBackendError("anything"))
+    assert not is_peer_failure(RuntimeError("boom from the failing task"))
+    assert not is_peer_failure(ValueError("gloo"))
+
+
+def test_a_curve_line_left_unfinished_is_skipped(tmp_path) -> None:
+    path = tmp_path / "curve.jsonl"
+    path.write_text('{"t": 1.0, "samples": 32}\n{"t": 0.0, "samples": 0}\n{"t": 2.0, "sam')
+    assert el._curve(path) == [{"t": 0.0, "samples": 0}, {"t": 1.0, "samples": 32}]
+    assert el._curve(tmp_path / "none.jsonl") == []
+
+
+def test_elastic_runs_need_loopback_and_the_initial_peers_slowdowns(tmp_path) -> None:
+    trace = _trace([1, 1, 1], [Event(1.0, 0, "crash")])
+    with pytest.raises(NotImplementedError, match="loopback"):
+        sb.run_sync("digits", [1, 1, 1], "equal", 3.0, STEP_MS, None, trace=trace, links=[None] * 3, work_dir=tmp_path)
+    with pytest.raises(ValueError, match="3 initial peers"):
+        sb.run_sync("digits", [1, 1], "equal", 3.0, STEP_MS, None, trace=trace)
+    with pytest.raises(ValueError, match="no member"):
+        el.run_elastic(None, _trace([1], [Event(1.0, 0, "leave")]), 0.0, math.inf)  # type: ignore[arg-type]
+    assert multiprocessing.active_children() == []
+
+
+# ---------------------------------------------------------------------- runs
+
+
+def _check_run(r: dict[str, Any]) -> None:
+    """What every elastic result keeps: the run_sync keys, a curve on one rising time axis, samples that add up."""
+    json.dumps(r)
+    for key in ("curve", "time_to_target", "samples", "samples_per_s", "peers", "wall_s", "startup_s", "restarts"):
+        assert key in r
+    times = [pt["t"] for pt in r["curve"]]
+    samples = [pt["samples"] for pt in r["curve"]]
+    assert times[0] == 0.0 and all(b > a for a, b in zip(times, times[1:]))
+    assert all(b >= a for a, b in zip(samples, samples[1:]))
+    assert samples[-1] == r["samples"] == sum(p["samples"] for p in r["peers"])
+    assert r["curve"][-1]["accuracy"] > r["curve"][0]["accuracy"] + 0.3  # it learned, through the restarts
+    for restart in r["restarts"]:
+        assert restart["t"] <= restart["applied_t"] < restart["detected_t"] < restart["resumed_t"] < restart["first_step_t"]
+        assert restart["downtime_s"] == pytest.approx(restart["first_step_t"] - restart["applied_t"], abs=1e-6)
+        assert 0 < restart["downtime_s"] < 20  # measured, bounded: no collective timed out
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.slow
+def test_a_crash_reforms_the_group_from_a_survivor(tmp_path) -> None:
+    trace = _trace([1, 1, 1], [Event(1.5, 1, "crash")])
+    r = sb.run_sync("digits", [1, 1, 1], "equal", 4.0, STEP_MS, None, eval_every=0.5, pg_timeout_s=20, trace=trace,
+                    work_dir=tmp_path)  # fmt: skip
+    _check_run(r)
+    (restart,) = r["restarts"]
+    assert restart["event"] == "crash" and restart["source"] == "survivor" and restart["steps_lost"] == 0
+    assert (restart["world_before"], restart["world_after"]) == (3, 2) and restart["members_after"] == [0, 2]
+    assert restart["detected_t"] - restart["applied_t"] < 5  # through a gloo error, not the collective's timeout
+    crashed = r["peers"][1]
+    assert crashed["partial"] and crashed["steps"] == restart["step"]
+    # training went on, with two members, past the restart
+    assert r["steps"] > restart["step"] and all(p["steps"] == r["steps"] for p in (r["peers"][0], r["peers"][2]))
+    assert r["curve"][-1]["t"] > restart["first_step_t"] and r["curve"][-1]["samples"] > restart["step"] * 96
+    assert r["wall_s"] >= 4.0
+
+
+@pytest.mark.slow
+def test_a_leave_and_a_join_reform_the_group(tmp_path) -> None:
+    trace = _trace([1, 2, 1], [Event(1.0, 0, "leave"), Event(2.0, 2, "join")])
+    r = sb.run_sync("digits", [1, 2], "proportional", 3.5, STEP_MS, None, eval_every=0.5, pg_timeout_s=20,
+                    trace=trace, work_dir=tmp_path)  # fmt: skip
+    _check_run(r)
+    leave, join = r["restarts"]
+    assert (leave["event"], leave["world_before"], leave["world_after"]) == ("leave", 2, 1)
+    assert (join["event"], join["world_before"], join["world_after"]) == ("join", 1, 2)
+    assert leave["source"] == join["source"] == "survivor" and join["steps_lost"] == 0
+    left, stayed, joined = r["peers"]
+    assert left["steps"] == leave["step"] and stayed["steps"] == r["steps"]
+    assert joined["steps"] == r["steps"] - join["step"] > 0
+    # proportional batches follow the membership: alone, then with a peer twice as fast
+    assert (stayed["batch"], joined["batch"]) == (21, 43) and left["batch"] == 43
