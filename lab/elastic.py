@@ -128,6 +128,7 @@ class Generation:
         self._store = _free_store(timedelta(seconds=cfg.pg_timeout_s))
         self.cfg = replace(cfg, slowdowns=tuple(slowdowns), slots=tuple(members), port=self._store.port)
         self.killed: dict[int, float] = {}  # rank -> when the agent SIGKILLed it
+        self.ended = math.inf  # when the agent saw the last member exit
         self.procs: list[ForkedProcess] = []
         try:
             for r in range(len(members)):
@@ -226,7 +227,7 @@ class Agent:
             chosen, why = self._choose(outcomes, start)
             self._account(gen, outcomes, progress, chosen.step - start.step)
             after = membership(members, [e for e, _ in applied])
-            self._restart(applied, outcomes, progress, chosen, why, members, after)
+            self._restart(applied, outcomes, progress, chosen, why, members, after, gen.ended)
             members, start = after, chosen
         raise RankFailed("more generations than events: a generation restarted without an event")
 
@@ -252,6 +253,7 @@ class Agent:
             time.sleep(POLL_S)
         if (failure := gen.failure()) is not None:
             raise RankFailed(failure)
+        gen.ended = time.monotonic()
         return applied, pending
 
     def _choose(self, outcomes: dict[int, dict[str, Any] | None], start: Candidate) -> tuple[Candidate, str]:
@@ -285,20 +287,23 @@ class Agent:
             t.bytes_sent += m["bytes_sent"]
 
     def _restart(self, applied: list[tuple[Event, float]], outcomes: dict[int, dict[str, Any] | None],
-                 progress: dict[str, Any], chosen: Candidate, why: str, before: list[int], after: list[int]) -> None:  # fmt: skip
-        """Record a restart; `_resumed` fills in when the next generation trained again."""
+                 progress: dict[str, Any], chosen: Candidate, why: str, before: list[int], after: list[int],
+                 ended: float) -> None:  # fmt: skip
+        """Record a restart; `_resumed` fills in when the next generation trained again. Detection is when the first
+        member that goes on stopped training (none goes on: when the agent saw the last exit)."""
         origin, paused = progress["origin"], progress["paused"]
         events = [e for e, _ in applied]
-        staying = [o for r, o in outcomes.items() if o is not None and before[r] in after] or [o for o in outcomes.values() if o]
-        detected = min((o["stopped_at"] for o in staying), default=None)
-        reached = max((o.get("reached", 0) for o in outcomes.values() if o), default=chosen.step)
+        staying = [o for r, o in outcomes.items() if o is not None and before[r] in after]
+        detected = min((o["stopped_at"] for o in staying), default=ended)
+        # steps some member completed; with none left to say, rank 0's count at its last evaluation (a lower bound)
+        reached = max([progress.get("step", 0), *(o.get("reached", 0) for o in outcomes.values() if o)])
         self.restarts.append({
             "generation": len(self.restarts) + 1,
             "event": "+".join(e.action for e in events),
             "events": [{"t": e.t, "peer": e.peer, "action": e.action} for e in events],
             "t": events[0].t,
             "applied_t": applied[0][1] - origin - paused,
-            "detected_t": None if detected is None else detected - origin - paused,
+            "detected_t": detected - origin - paused,
             "resumed_t": None, "first_step_t": None, "downtime_s": None,
             "source": chosen.source, "source_rank": chosen.rank, "reason": why,
             "step": chosen.step, "steps_lost": max(0, reached - chosen.step),

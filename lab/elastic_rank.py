@@ -150,7 +150,7 @@ def _run(rank: int, cfg: Config, plan: Plan) -> dict[str, Any]:
 def _train(r: Rank, state: Progress, carried: Carried, plan: Plan, started: float) -> dict[str, Any]:
     """`lab.sync_rank.train`'s loop, which also stops and saves (see the module docstring)."""
     cfg, progress = r.cfg, {"origin": state.clock_start, "paused": state.paused, "started": started,
-                            "first_step": None, "batches": r.batches}  # fmt: skip
+                            "first_step": None, "batches": r.batches, "step": carried.step}  # fmt: skip
     if r.rank == 0:
         write_json(plan.progress, progress)
     next_checkpoint = state.train_time() + plan.checkpoint_every_s
@@ -181,7 +181,8 @@ def _train(r: Rank, state: Progress, carried: Carried, plan: Plan, started: floa
                 stop = _evaluate(r, state, ended) or stop
                 written = _append_curve(plan, state.curve, written, carried.samples)
                 if r.rank == 0:
-                    write_json(plan.progress, {**progress, "paused": state.paused})
+                    progress.update(paused=state.paused, step=carried.step + kept)
+                    write_json(plan.progress, progress)
         except RuntimeError as e:
             if not is_peer_failure(e):
                 raise

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import math
 import multiprocessing
-from typing import Any
+import time
+from typing import Any, Iterator
 
 import pytest
 import torch
@@ -17,7 +18,9 @@ import torch
 from lab import elastic as el
 from lab import sync_baseline as sb
 from lab.elastic_rank import is_peer_failure, skipped
-from lab.traces import Event, PeerTrace, Trace, TraceError, static
+from lab.sync_rank import Config
+from lab.traces import Event, PeerTrace, Trace
+from murmur.node.learn.tasks import DigitsTask
 
 STEP_MS = 10.0
 
@@ -175,3 +178,36 @@ def test_a_leave_and_a_join_reform_the_group(tmp_path) -> None:
     assert joined["steps"] == r["steps"] - join["step"] > 0
     # proportional batches follow the membership: alone, then with a peer twice as fast
     assert (stayed["batch"], joined["batch"]) == (21, 43) and left["batch"] == 43
+
+
+@pytest.mark.slow
+def test_with_no_survivor_the_group_restarts_from_rank_0s_checkpoint(tmp_path) -> None:
+    # both members crash as a third joins: nobody saved, so the last checkpoint is all there is
+    trace = _trace([1, 1, 1], [Event(2.0, 0, "crash"), Event(2.0, 1, "crash"), Event(2.0, 2, "join")])
+    cfg = Config("digits", (1.0, 1.0), "equal", 3.5, STEP_MS, None, 0.25, 0, 0, 20.0)
+    r = el.run_elastic(cfg, trace, time.monotonic(), time.monotonic() + 120, tmp_path, checkpoint_every_s=1.0)
+    (restart,) = r["restarts"]
+    assert restart["event"] == "crash+crash+join" and restart["source"] == "checkpoint"
+    assert restart["reason"].startswith("the checkpoint at step") and restart["steps_lost"] > 0
+    assert (restart["world_before"], restart["world_after"], restart["members_after"]) == (2, 1, [2])
+    times = [pt["t"] for pt in r["curve"]]
+    assert all(b > a for a, b in zip(times, times[1:])) and times[-1] >= 3.5  # the clock came back from the checkpoint
+    assert r["peers"][2]["steps"] == r["steps"] - restart["step"] > 0
+    assert multiprocessing.active_children() == []
+
+
+class FailingTask(DigitsTask):
+    """Digits, except that shard 1 raises after a few batches."""
+
+    def train_batches(self, shard: int) -> Iterator[Any]:
+        for i, batch in enumerate(super().train_batches(shard)):
+            if shard == 1 and i == 5:
+                raise RuntimeError("boom from the failing task")
+            yield batch
+
+
+def test_a_member_that_raises_ends_the_run_instead_of_a_restart() -> None:
+    trace = _trace([1, 1], [Event(30.0, 0, "leave")])
+    with pytest.raises(sb.RankFailed, match="boom from the failing task"):
+        sb.run_sync(f"{__name__}:FailingTask", [1, 1], "equal", 60.0, STEP_MS, None, pg_timeout_s=20, trace=trace)
+    assert multiprocessing.active_children() == []
