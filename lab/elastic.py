@@ -17,7 +17,9 @@ Once every member has exited (or `pg_timeout_s` + `EXIT_GRACE_S` after the event
 agent picks the state to go on from (`choose_state`: the most advanced a member saved, else rank 0's periodic
 checkpoint, else the generation's own start) and starts the next generation with the new membership, whose
 proportional batches follow from it. Each restart is measured, not assumed (`Restart`). Training time runs on
-through restarts: the downtime is in it, as it is for a real job; only the first start-up is excluded.
+through restarts: the downtime is in it, as it is for a real job; only the first start-up is excluded. A restart
+from a checkpoint loses the steps after it: the curve keeps the evaluations made on them (the model did score that,
+then), so its samples step back there. A member that raises, or dies without an event, ends the run (`RankFailed`).
 """
 
 from __future__ import annotations
@@ -96,6 +98,46 @@ def choose_state(candidates: Sequence[Candidate]) -> tuple[Candidate, str]:
     if saved:
         return best, f"the {best.source} at step {best.step}, ahead of every member's state"
     return best, f"the {best.source} at step {best.step}: no member saved its state"
+
+
+@dataclass
+class Restart:
+    """One re-formation of the group, as measured. Times are training time (seconds since the run's first barrier,
+    evaluation pauses excluded): the event's in the trace (`t`), when the agent applied it, when the first member
+    that goes on stopped training (`detected_t`), when the new group passed its barrier (`resumed_t`) and trained
+    its first step (`first_step_t`); `downtime_s` runs from applied to that first step. `steps_lost`: steps some
+    member completed that the restored state lacks (the step in flight is lost on top; diloco: its inner steps)."""
+
+    generation: int  # the generation it started
+    event: str  # the actions applied together, "+"-joined: "crash", "leave", "crash+join"...
+    events: list[dict[str, Any]]
+    t: float
+    applied_t: float
+    detected_t: float
+    source: str  # where the state came from: one of SOURCES
+    source_rank: int | None
+    reason: str
+    step: int  # the group step restored
+    steps_lost: int
+    world_before: int
+    world_after: int
+    members_before: list[int]
+    members_after: list[int]
+    resumed_t: float | None = None  # None: the next generation never got that far
+    first_step_t: float | None = None
+    downtime_s: float | None = None
+    clock: float = field(default=0.0, repr=False)  # origin + pauses: monotonic time minus training time
+
+    def resumed(self, progress: dict[str, Any]) -> None:
+        """Fill in from the next generation's progress file when it formed and trained its first step."""
+        if progress:
+            self.resumed_t = progress["started"] - self.clock
+            if progress.get("first_step") is not None:
+                self.first_step_t = progress["first_step"] - self.clock
+                self.downtime_s = self.first_step_t - self.applied_t
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if k != "clock"}
 
 
 @dataclass
@@ -197,7 +239,7 @@ class Agent:
     root: Path
     checkpoint_every_s: float
     totals: dict[int, Totals] = field(default_factory=dict)
-    restarts: list[dict[str, Any]] = field(default_factory=list)
+    restarts: list[Restart] = field(default_factory=list)
 
     def run(self, begin: float, deadline: float) -> dict[str, Any]:
         """Train through every generation; the `run_sync` result. Raises `RankFailed` as `run_sync` does."""
@@ -208,7 +250,7 @@ class Agent:
             plan = Plan(number, str(self.root / f"gen{number}"), start.path,
                         tuple(self.totals.get(s, Totals(s)).samples for s in members), str(curve),
                         str(self.root / "checkpoint.pt"), self.checkpoint_every_s)  # fmt: skip
-            t_start = self.restarts[-1]["applied_t"] if self.restarts else 0.0
+            t_start = self.restarts[-1].applied_t if self.restarts else 0.0
             cfg = replace(self.cfg, min_samples=max(0, self.cfg.min_samples - start.samples))
             gen = Generation(cfg, members, [_slowdown(self.trace, s, t_start) for s in members], plan)
             try:
@@ -217,7 +259,7 @@ class Agent:
                 gen.close()
             outcomes, progress = gen.outcomes(), gen.progress() or {}
             if self.restarts:
-                self._resumed(self.restarts[-1], progress)
+                self.restarts[-1].resumed(progress)
             done = [o for o in outcomes.values() if o is not None and o["kind"] == "done"]
             if done:  # training is over, whatever was applied as it ended
                 self._account(gen, outcomes, progress, done[0]["step"] - start.step)
@@ -289,39 +331,20 @@ class Agent:
     def _restart(self, applied: list[tuple[Event, float]], outcomes: dict[int, dict[str, Any] | None],
                  progress: dict[str, Any], chosen: Candidate, why: str, before: list[int], after: list[int],
                  ended: float) -> None:  # fmt: skip
-        """Record a restart; `_resumed` fills in when the next generation trained again. Detection is when the first
-        member that goes on stopped training (none goes on: when the agent saw the last exit)."""
-        origin, paused = progress["origin"], progress["paused"]
+        """Record a restart (`Restart.resumed` completes it). Detection is when the first member that goes on stopped
+        training (none goes on: when the agent saw the last exit)."""
+        clock = progress["origin"] + progress["paused"]
         events = [e for e, _ in applied]
         staying = [o for r, o in outcomes.items() if o is not None and before[r] in after]
         detected = min((o["stopped_at"] for o in staying), default=ended)
         # steps some member completed; with none left to say, rank 0's count at its last evaluation (a lower bound)
         reached = max([progress.get("step", 0), *(o.get("reached", 0) for o in outcomes.values() if o)])
-        self.restarts.append({
-            "generation": len(self.restarts) + 1,
-            "event": "+".join(e.action for e in events),
-            "events": [{"t": e.t, "peer": e.peer, "action": e.action} for e in events],
-            "t": events[0].t,
-            "applied_t": applied[0][1] - origin - paused,
-            "detected_t": detected - origin - paused,
-            "resumed_t": None, "first_step_t": None, "downtime_s": None,
-            "source": chosen.source, "source_rank": chosen.rank, "reason": why,
-            "step": chosen.step, "steps_lost": max(0, reached - chosen.step),
-            "world_before": len(before), "world_after": len(after), "members_before": before, "members_after": after,
-            "_applied": applied[0][1], "_clock": origin + paused,
-        })  # fmt: skip
-
-    @staticmethod
-    def _resumed(restart: dict[str, Any], progress: dict[str, Any]) -> None:
-        """Fill in when the generation after `restart` formed and trained its first step (None if it never did)."""
-        clock = restart.pop("_clock", None)
-        applied = restart.pop("_applied", None)
-        if clock is None or not progress:
-            return
-        restart["resumed_t"] = progress["started"] - clock
-        if progress.get("first_step") is not None:
-            restart["first_step_t"] = progress["first_step"] - clock
-            restart["downtime_s"] = progress["first_step"] - applied
+        self.restarts.append(Restart(
+            len(self.restarts) + 1, "+".join(e.action for e in events),
+            [{"t": e.t, "peer": e.peer, "action": e.action} for e in events], events[0].t, applied[0][1] - clock,
+            detected - clock, chosen.source, chosen.rank, why, chosen.step, max(0, reached - chosen.step),
+            len(before), len(after), before, after, clock=clock,
+        ))  # fmt: skip
 
     def _result(self, head: dict[str, Any], curve: list[dict[str, Any]], begin: float) -> dict[str, Any]:
         """`run_sync`'s result over the whole run, plus "restarts" and each peer's "slot"."""
@@ -342,7 +365,7 @@ class Agent:
             "samples": total, "samples_per_s": total / wall if wall > 0 else 0.0, "peers": peers, "wall_s": wall,
             "startup_s": m["clock_start"] - begin, "eval_s": m["eval_s"],
             "config": {k: v for k, v in asdict(self.cfg).items() if k != "port"},
-            "restarts": self.restarts,
+            "restarts": [restart.to_json() for restart in self.restarts],
         }  # fmt: skip
 
 
