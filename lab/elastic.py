@@ -30,11 +30,12 @@ import os
 import signal
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from itertools import groupby
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -49,6 +50,8 @@ CHECKPOINT_EVERY_S = 10.0  # rank 0's checkpoint interval, in training time: the
 EXIT_GRACE_S = 15.0  # after an event, on top of pg_timeout_s: for members to save and exit
 POLL_S = 0.02  # how often the agent looks at the clock and the members
 SOURCES = ("survivor", "checkpoint", "start")  # which state wins a tie, first first
+
+Applied = tuple[Event, float]  # an event and the monotonic time the agent applied it
 
 
 @dataclass(frozen=True)
@@ -175,7 +178,8 @@ class Generation:
         try:
             for r in range(len(members)):
                 log = Path(plan.gen_dir) / f"rank{r}.log"
-                self.procs.append(ForkedProcess(member, (r, self.cfg, plan), log, name=f"elastic-g{plan.generation}-rank{r}"))
+                name = f"elastic-g{plan.generation}-rank{r}"
+                self.procs.append(ForkedProcess(member, (r, self.cfg, plan), log, name=name))
         except BaseException:
             self.close()
             raise
@@ -273,9 +277,9 @@ class Agent:
             members, start = after, chosen
         raise RankFailed("more generations than events: a generation restarted without an event")
 
-    def _supervise(self, gen: Generation, pending: list[Event], deadline: float) -> tuple[list[tuple[Event, float]], list[Event]]:
+    def _supervise(self, gen: Generation, pending: list[Event], deadline: float) -> tuple[list[Applied], list[Event]]:
         """Apply events as they fall due until every member has exited; the events applied (with when) and the rest."""
-        applied: list[tuple[Event, float]] = []
+        applied: list[Applied] = []
         give_up = math.inf
         while any(p.poll() is None for p in gen.procs):
             now = time.monotonic()
@@ -328,7 +332,7 @@ class Agent:
             t.wall_s += m["wall_s"]
             t.bytes_sent += m["bytes_sent"]
 
-    def _restart(self, applied: list[tuple[Event, float]], outcomes: dict[int, dict[str, Any] | None],
+    def _restart(self, applied: list[Applied], outcomes: dict[int, dict[str, Any] | None],
                  progress: dict[str, Any], chosen: Candidate, why: str, before: list[int], after: list[int],
                  ended: float) -> None:  # fmt: skip
         """Record a restart (`Restart.resumed` completes it). Detection is when the first member that goes on stopped

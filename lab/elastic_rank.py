@@ -29,17 +29,17 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from lab.sync_rank import (
-    EVAL_SLOT, STOP_SLOT, Config, Progress, Rank, _evaluate, _join_group, _measurements, _outer_step, _pace,
-    _reduce_gradients, _setup, resized_batches, slot_of,
-)  # fmt: skip
+from lab import sync_rank as sr
+from lab.sync_rank import Config, Progress, Rank
 from murmur.node.learn.step import train_step
 from murmur.node.learn.tasks import Batch
 
@@ -121,17 +121,17 @@ def member(rank: int, cfg: Config, plan: Plan) -> None:
 def _run(rank: int, cfg: Config, plan: Plan) -> dict[str, Any]:
     """Form the group, restore, train until done, asked to stop or interrupted; return the outcome."""
     torch.set_num_threads(1)  # members share the CPU, as sync ranks do
-    head = {"rank": rank, "slot": slot_of(cfg, rank), "generation": plan.generation}
+    head = {"rank": rank, "slot": sr.slot_of(cfg, rank), "generation": plan.generation}
     try:
-        _join_group(rank, cfg)
-        r = _setup(rank, cfg)
+        sr._join_group(rank, cfg)
+        r = sr._setup(rank, cfg)
     except RuntimeError as e:
         if not is_peer_failure(e):
             raise
         return {**head, "kind": "lost", "why": _first_line(e), "stopped_at": time.monotonic()}
     carried = _restore(r, plan) if plan.resume else Carried(0, 0, None, 0.0, cfg.eval_every)
     if plan.rows[rank]:
-        r.stream = resized_batches(skipped(r.stream, plan.rows[rank]), r.batch)
+        r.stream = sr.resized_batches(skipped(r.stream, plan.rows[rank]), r.batch)
     state = Progress(next_eval=carried.next_eval, paused=carried.paused)
     if carried.origin is None and rank == 0:
         state.curve.append({"t": 0.0, "samples": 0, **r.task.evaluate(r.model)})
@@ -159,18 +159,18 @@ def _train(r: Rank, state: Progress, carried: Carried, plan: Plan, started: floa
     while True:
         try:
             began = time.monotonic()
-            hook = (lambda: _pace(r, began)) if r.diloco else (lambda: _reduce_gradients(r, state, began))
+            hook = partial(sr._pace, r, began) if r.diloco else partial(sr._reduce_gradients, r, state, began)
             train_step(r.task, r.model, r.optimizer, next(r.stream), before_update=hook)
             state.steps += 1
             synced = not r.diloco or state.steps % cfg.local_steps == 0
             if r.diloco:
                 state.reduce_start = state.reduce_end = time.monotonic()
                 if synced:
-                    _outer_step(r, state)
+                    sr._outer_step(r, state)
             if synced:
                 kept = state.steps
             r.average.update(r.model)
-            eval_due, stop = synced and r.slot(EVAL_SLOT), synced and r.slot(STOP_SLOT)
+            eval_due, stop = synced and r.slot(sr.EVAL_SLOT), synced and r.slot(sr.STOP_SLOT)
             ended = time.monotonic()
             state.compute_s += (state.reduce_start - began) + (ended - state.reduce_end)
             state.comm_s += state.reduce_end - state.reduce_start
@@ -178,7 +178,7 @@ def _train(r: Rank, state: Progress, carried: Carried, plan: Plan, started: floa
                 progress["first_step"] = ended
                 write_json(plan.progress, progress)
             if eval_due:
-                stop = _evaluate(r, state, ended) or stop
+                stop = sr._evaluate(r, state, ended) or stop
                 written = _append_curve(plan, state.curve, written, carried.samples)
                 if r.rank == 0:
                     progress.update(paused=state.paused, step=carried.step + kept)
@@ -271,7 +271,7 @@ def _append_curve(plan: Plan, curve: list[dict[str, float]], written: int, sampl
 
 def _generation_measurements(r: Rank, state: Progress, kept: int, started: float) -> dict[str, Any]:
     """`_measurements` for this generation alone: steps and samples kept, time since the group formed."""
-    out = _measurements(r, state)
+    out = sr._measurements(r, state)
     wall = time.monotonic() - started
     out.update(steps=kept, samples=kept * r.batch, wall_s=wall,
                idle_fraction=1.0 - state.compute_s / wall if wall > 0 else 0.0)  # fmt: skip

@@ -10,7 +10,9 @@ import json
 import math
 import multiprocessing
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from itertools import pairwise
+from typing import Any
 
 import pytest
 import torch
@@ -64,7 +66,8 @@ def test_a_sleeping_peer_joins_at_the_speed_it_wakes_to() -> None:
 
 def test_the_most_advanced_survivor_wins() -> None:
     saved = [el.Candidate("survivor", 40, 1280, "a", rank=1), el.Candidate("survivor", 41, 1312, "b", rank=2)]
-    chosen, why = el.choose_state([*saved, el.Candidate("checkpoint", 30, 960, "c"), el.Candidate("start", 10, 320, "d")])
+    others = [el.Candidate("checkpoint", 30, 960, "c"), el.Candidate("start", 10, 320, "d")]
+    chosen, why = el.choose_state([*saved, *others])
     assert chosen.path == "b" and why == "rank 2's state at step 41, the most advanced of 2 saved by members"
 
 
@@ -134,12 +137,13 @@ def _check_run(r: dict[str, Any]) -> None:
         assert key in r
     times = [pt["t"] for pt in r["curve"]]
     samples = [pt["samples"] for pt in r["curve"]]
-    assert times[0] == 0.0 and all(b > a for a, b in zip(times, times[1:]))
-    assert all(b >= a for a, b in zip(samples, samples[1:]))
+    assert times[0] == 0.0 and all(b > a for a, b in pairwise(times))
+    assert all(b >= a for a, b in pairwise(samples))
     assert samples[-1] == r["samples"] == sum(p["samples"] for p in r["peers"])
     assert r["curve"][-1]["accuracy"] > r["curve"][0]["accuracy"] + 0.3  # it learned, through the restarts
     for restart in r["restarts"]:
-        assert restart["t"] <= restart["applied_t"] < restart["detected_t"] < restart["resumed_t"] < restart["first_step_t"]
+        order = ("t", "applied_t", "detected_t", "resumed_t", "first_step_t")
+        assert all(restart[a] < restart[b] for a, b in pairwise(order[1:])) and restart["t"] <= restart["applied_t"]
         assert restart["downtime_s"] == pytest.approx(restart["first_step_t"] - restart["applied_t"], abs=1e-6)
         assert 0 < restart["downtime_s"] < 20  # measured, bounded: no collective timed out
     assert multiprocessing.active_children() == []
@@ -191,7 +195,7 @@ def test_with_no_survivor_the_group_restarts_from_rank_0s_checkpoint(tmp_path) -
     assert restart["reason"].startswith("the checkpoint at step") and restart["steps_lost"] > 0
     assert (restart["world_before"], restart["world_after"], restart["members_after"]) == (2, 1, [2])
     times = [pt["t"] for pt in r["curve"]]
-    assert all(b > a for a, b in zip(times, times[1:])) and times[-1] >= 3.5  # the clock came back from the checkpoint
+    assert all(b > a for a, b in pairwise(times)) and times[-1] >= 3.5  # the clock came back from the checkpoint
     assert r["peers"][2]["steps"] == r["steps"] - restart["step"] > 0
     assert multiprocessing.active_children() == []
 
