@@ -212,7 +212,8 @@ class Generation:
                 error = Path(f"{self.plan.outcome(r)}.error")
                 log = Path(self.plan.gen_dir) / f"rank{r}.log"
                 detail = error.read_text() if error.exists() else log.read_text()[-2000:] if log.exists() else ""
-                return f"generation {self.plan.generation} rank {r} (slot {self.members[r]}) exited with {p.poll()}:\n{detail}"
+                who = f"generation {self.plan.generation} rank {r} (slot {self.members[r]})"
+                return f"{who} exited with {p.poll()}:\n{detail}"
         return None
 
     def outcomes(self) -> dict[int, dict[str, Any] | None]:

@@ -201,7 +201,8 @@ def _train(r: Rank, state: Progress, carried: Carried, plan: Plan, started: floa
            "measurements": _generation_measurements(r, state, kept, started),
            # what the run's result says of the task and clock, from whichever member outlives the end
            "head": {"task": r.task.name, "metric": metric.name, "higher_is_better": metric.higher_is_better,
-                    "batch_size": r.task.batch_size, "clock_start": state.clock_start, "eval_s": state.paused}}  # fmt: skip
+                    "batch_size": r.task.batch_size, "clock_start": state.clock_start,
+                    "eval_s": state.paused}}  # fmt: skip
     dist.destroy_process_group()
     return out
 
@@ -213,14 +214,16 @@ def _stopped(r: Rank, state: Progress, carried: Carried, plan: Plan, kept: int, 
     path = plan.state(r.rank)
     _save(r, state, carried, kept, path)
     return {"kind": kind, "why": why, "stopped_at": stopped_at, "state": str(path), "step": carried.step + kept,
-            "samples": carried.samples + kept * sum(r.batches), "reached": carried.step + state.steps, "measurements": _generation_measurements(r, state, kept, started)}  # fmt: skip
+            "samples": carried.samples + kept * sum(r.batches), "reached": carried.step + state.steps,
+            "measurements": _generation_measurements(r, state, kept, started)}  # fmt: skip
 
 
 @torch.no_grad()
 def _save(r: Rank, state: Progress, carried: Carried, kept: int, path: Path) -> None:
     """Write the group's state after `kept` of this generation's steps to `path` (whole or not at all).
 
-    Mode diloco: the parameters saved are the anchor, the model of the last sync.
+    Mode diloco: the parameters saved are the anchor, the model of the last sync; the inner optimizer's state is
+    this member's, and every member of the next generation starts from it.
     """
     model = r.model.state_dict()
     if r.diloco:
