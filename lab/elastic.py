@@ -51,7 +51,7 @@ EXIT_GRACE_S = 15.0  # after an event, on top of pg_timeout_s: for members to sa
 POLL_S = 0.02  # how often the agent looks at the clock and the members
 SOURCES = ("survivor", "checkpoint", "start")  # which state wins a tie, first first
 
-Applied = tuple[Event, float]  # an event and the monotonic time the agent applied it
+Applied = tuple[Event, float, float]  # an event, the monotonic time the agent applied it, and origin + pauses then
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ class Restart:
     event: str  # the actions applied together, "+"-joined: "crash", "leave", "crash+join"...
     events: list[dict[str, Any]]
     t: float
-    applied_t: float
+    applied_t: float  # the times below are on the clock of this moment (origin + pauses then)
     detected_t: float
     source: str  # where the state came from: one of SOURCES
     source_rank: int | None
@@ -273,7 +273,7 @@ class Agent:
                 raise RankFailed(f"generation {number} ended with no event applied: {outcomes}")
             chosen, why = self._choose(outcomes, start)
             self._account(gen, outcomes, progress, chosen.step - start.step)
-            after = membership(members, [e for e, _ in applied])
+            after = membership(members, [e for e, _, _ in applied])
             self._restart(applied, outcomes, progress, chosen, why, members, after, gen.ended)
             members, start = after, chosen
         raise RankFailed("more generations than events: a generation restarted without an event")
@@ -292,10 +292,11 @@ class Agent:
                 break  # stragglers are killed by `close`: their state is lost
             progress = gen.progress()
             if pending and progress is not None and progress["first_step"] is not None:
-                now_due, pending = due(pending, now - progress["origin"] - progress["paused"])
+                clock = progress["origin"] + progress["paused"]
+                now_due, pending = due(pending, now - clock)
                 if now_due:
                     gen.apply(now_due)
-                    applied += [(e, now) for e in now_due]
+                    applied += [(e, now, clock) for e in now_due]
                     give_up = now + gen.cfg.pg_timeout_s + EXIT_GRACE_S
             time.sleep(POLL_S)
         if (failure := gen.failure()) is not None:
@@ -337,9 +338,10 @@ class Agent:
                  progress: dict[str, Any], chosen: Candidate, why: str, before: list[int], after: list[int],
                  ended: float) -> None:  # fmt: skip
         """Record a restart (`Restart.resumed` completes it). Detection is when the first member that goes on stopped
-        training (none goes on: when the agent saw the last exit)."""
-        clock = progress["origin"] + progress["paused"]
-        events = [e for e, _ in applied]
+        training (none goes on: when the agent saw the last exit). Its times are on the clock of the moment the event
+        was applied: an evaluation that rank 0 finishes after it does not shift them."""
+        clock = applied[0][2]
+        events = [e for e, _, _ in applied]
         staying = [o for r, o in outcomes.items() if o is not None and before[r] in after]
         detected = min((o["stopped_at"] for o in staying), default=ended)
         # steps some member completed; with none left to say, rank 0's count at its last evaluation (a lower bound)
