@@ -43,212 +43,63 @@ from __future__ import annotations
 import json
 import multiprocessing
 import multiprocessing.forkserver
-import shutil
-import socket
-import statistics
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
 
 from lab.bench_config import MIXES, MURMUR_ARGS, TASKS
+from lab.bench_murmur import run_murmur
 from lab.bench_report import base_lr, equal_samples, report, score
-from lab.links import (
-    LinkSpecError,
-    LinksUnavailable,
-    caps_for,
-    links_unavailable_reason,
-    peer_links,
-)
-from lab.netns import Netns
-from lab.peer import PARAMS_FILE
+from lab.links import LinkSpecError, LinksUnavailable, caps_for, links_unavailable_reason, peer_links
 from lab.progress import Progress
-from lab.swarm import FORK_PRELOAD, LOG_FILE, Peer, peer_id, start_peer, stop_swarm
+from lab.swarm import FORK_PRELOAD
 from lab.sync_baseline import RANK_MODULE, run_sync
-from murmur.node.learn.tasks.task import Metric
+from lab.traces import Trace, scenario
+from lab.traces import load as load_trace
+from lab.traces import static as static_trace
 from murmur.node.learn.weight_average import DEFAULT_DECAY
-from murmur.node.ops.node_status import NodeStatus
-
-START_MARGIN_S = 0.3  # from the start file's writing to the start time it holds: every peer reads it in time
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _metric(spec: dict) -> Metric:
-    """The metric a bench task is judged by, from its `TASKS` entry."""
-    return Metric(spec["metric"], spec["higher"])
-
-
-def run_murmur(
-    task: str, slowdowns: list[float], method: str, seed: int, max_s: float, root: Path, lr_scale: float = 1.0,
-    links: list[Netns] | None = None, ema_decay: float = 0.0, min_samples: int = 0,
-) -> dict[str, Any]:
-    """Run one swarm of Murmur `method` (or, with `method="ideal"`, lone peers); return its results.
-
-    The run ends at `max_s`, or once the median peer reached the target with `min_samples` trained.
-
-    Peers join first; once every peer is ready (status phase "waiting", knowing all the
-    others) the start file tells them all one start time, t=0 of the run. With `links`
-    (one namespace per peer) peer i runs in `links[i]`, listening on its address.
-    """
-    spec = TASKS[task]
-    shutil.rmtree(root, ignore_errors=True)  # a peer would resume from an earlier run's checkpoint
-    root.mkdir(parents=True)
-    ports = [_free_port() for _ in slowdowns]
-    dirs = [root / f"peer-{i}" for i in range(len(slowdowns))]
-    start_file = root / "start-at"
-    hosts = [ns.address for ns in links] if links else ["127.0.0.1"] * len(slowdowns)
-    first = f"/ip4/{hosts[0]}/tcp/{ports[0]}/p2p/{peer_id(dirs[0])}"
-    peers: list[Peer] = []
-    for i, (slowdown, data_dir) in enumerate(zip(slowdowns, dirs)):
-        extra = [
-            "--task", task, "--step-time", str(spec["step_time"]), "--duration", str(max_s),
-            "--start-file", str(start_file), "--shard", str(1000 * seed + i), "--record-params", "--log-level", "INFO",
-            "--lr-scale", str(lr_scale), "--eval-every", str(spec.get("eval_every", 1.0)), "--ema-decay", str(ema_decay),
-        ]
-        if method == "ideal":
-            extra += ["--average-every", "1e9"]  # alone: no bootstrap, no exchanges
-        else:
-            extra += MURMUR_ARGS[method]
-        peer = start_peer(
-            i, root, slowdown, extra, first if i and method != "ideal" else None, fork=True, data_dir=data_dir,
-            listen=f"/ip4/{hosts[i]}/tcp/{ports[i]}", netns=links[i] if links else None,
-        )  # fmt: skip
-        peers.append(peer)
-    try:
-        joined = time.monotonic()
-        # Peers in namespaces pull the model over their capped links.
-        _wait_until_ready(peers, others=0 if method == "ideal" else len(slowdowns) - 1, timeout=180.0 if links else 60.0)
-        start_at = time.time() + START_MARGIN_S
-        (root / "start-at.tmp").write_text(repr(start_at))
-        (root / "start-at.tmp").replace(start_file)
-        startup_s = time.monotonic() - joined + START_MARGIN_S
-        deadline = start_at + max_s + 30
-        while time.time() < deadline and any(p.alive() for p in peers):
-            time.sleep(0.5)
-            grid = _median_curve(peers, spec["metric"], start_at, _grid_s(spec))
-            if method != "ideal" and grid and _metric(spec).reached(grid[-1]["value"], spec["target"]) \
-                    and grid[-1]["samples"] >= min_samples:
-                time.sleep(1.0)  # one more grid point, then stop everyone
-                break
-    finally:
-        codes = stop_swarm(peers, timeout=20)
-    result = _murmur_result(task, slowdowns, method, peers, start_at, codes)
-    result["startup_s"] = startup_s
-    return result
-
-
-def _wait_until_ready(peers: list[Peer], others: int, timeout: float = 60.0) -> None:
-    """Wait until every peer waits for its start time, knowing `others` peers; raise if one exits or time runs out."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for i, p in enumerate(peers):
-            if not p.alive():
-                raise RuntimeError(f"peer {i} exited with {p.process.returncode} before the start; see {p.data_dir / LOG_FILE}")
-        statuses = [p.status() for p in peers]
-        if all(s is not None and s.phase == "waiting" and s.known_peers >= others for s in statuses):
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"peers not ready within {timeout:g}s: {[s.phase if (s := p.status()) else None for p in peers]}")
-
-
-def _grid_s(spec: dict) -> float:
-    """The curve's time step: the task's evaluation interval, at most 1 s (a slow evaluation still gets a 1 s grid)."""
-    return min(1.0, spec.get("eval_every", 1.0))
-
-
-def _median_curve(peers: list[Peer], metric: str, t0: float, grid_s: float = 1.0) -> list[dict]:
-    """The median peer's metric and the swarm's total samples every `grid_s` seconds after `t0`."""
-    records = [p.metrics() for p in peers]
-    if not all(records):
-        return []
-    end = min(r[-1]["t"] for r in records) - t0
-    out = []
-    for k in range(0, int(end / grid_s + 1e-9) + 1):
-        t = round(k * grid_s, 6)
-        latest = [next((x for x in reversed(r) if x["t"] - t0 <= t + grid_s / 2), r[0]) for r in records]
-        out.append({"t": t, "value": statistics.median(x[metric] for x in latest), "samples": sum(x["samples"] for x in latest)})
-    return out
-
-
-def _consensus(dirs: list[Path]) -> list[dict]:
-    """Mean squared distance of the peers' parameters from their average, per evaluation."""
-    import torch
-
-    histories = []
-    for d in dirs:
-        if not (d / PARAMS_FILE).exists():
-            return []
-        histories.append(torch.load(d / PARAMS_FILE))
-    t0 = min(h[0][0] for h in histories if h)
-    out = []
-    for k in range(min(len(h) for h in histories)):
-        stack = torch.stack([h[k][1] for h in histories])
-        distance = ((stack - stack.mean(0)) ** 2).sum(1).mean().item()
-        out.append({"t": round(histories[0][k][0] - t0, 2), "distance": distance})
-    return out
-
-
-def _peer_result(rank: int, slowdown: float, status: NodeStatus | None) -> dict:
-    """One peer's row of a result, from its last status (empty values if it wrote none)."""
-    if status is None:
-        return {"rank": rank, "slowdown": slowdown, "samples_per_s": None, "idle_fraction": 1.0, "bytes_sent": 0, "exchanges": {},
-                "mean_exchange_s": None}  # fmt: skip
-    return {"rank": rank, "slowdown": slowdown, "samples_per_s": status.samples_per_s, "idle_fraction": 1 - status.compute_fraction,
-            "bytes_sent": status.bytes_sent, "exchanges": dict(status.exchanges), "mean_exchange_s": status.mean_exchange_s}  # fmt: skip
-
-
-def _murmur_result(task: str, slowdowns: list[float], method: str, peers: list[Peer], start_at: float, codes: list) -> dict:
-    spec = TASKS[task]
-    curve = _median_curve(peers, spec["metric"], start_at, _grid_s(spec))
-    statuses = [p.status() for p in peers]
-    ttt = next((c["t"] for c in curve if _metric(spec).reached(c["value"], spec["target"])), None)
-    return {
-        "method": method,
-        "task": task, "slowdowns": slowdowns, "exit_codes": codes,
-        "curve": [{"t": c["t"], "samples": c["samples"], spec["metric"]: c["value"]} for c in curve],
-        "time_to_target": ttt,
-        "samples_per_s": sum(s.samples_per_s for s in statuses if s),
-        "peers": [_peer_result(i, slowdowns[i], s) for i, s in enumerate(statuses)],
-        "consensus": _consensus([p.data_dir for p in peers]),
-    }
 
 
 def run_method(
     task: str, slowdowns: list[float], method: str, seed: int, max_s: float, root: Path, lr_scale: float | None = None,
-    link_mbit: list[float] | None = None, ema_decay: float = 0.0, min_samples: int = 0,
+    link_mbit: list[float] | None = None, ema_decay: float = 0.0, min_samples: int = 0, trace: Trace | None = None,
+    target: float | None = None, local_steps: int | None = None, same_init: bool = False,
 ) -> dict:
     """Run one method (or the ideal) on the task's workload at `lr_scale` (default: the task's chosen scale).
 
-    A run that reaches its target trains on until `min_samples` (where methods are compared), within `max_s`.
-
-    Every method evaluates a moving average of its weights with `ema_decay` (0: the live model).
+    A run that reaches `target` (default: the task's) trains on until `min_samples` (where methods are
+    compared), within `max_s`. Every method evaluates a moving average of its weights with `ema_decay`
+    (0: the live model). With `trace` (`lab.traces`) every peer or rank follows it; `slowdowns` are then
+    its initial ones. DiLoCo methods sync every `local_steps` steps (default: the task's). With `same_init`
+    every peer and rank starts from the task's seeded model instead of receiving it over the links.
 
     With `link_mbit` (one cap per peer) the run gets its own capped namespaces (`lab.links.peer_links`),
     removed when it ends; the result records the caps under "link_mbit" (None on loopback).
     """
     spec = TASKS[task]
     scale = spec["lr_scale"].get(method, 1.0) if lr_scale is None else lr_scale
+    target = spec["target"] if target is None else target
     with peer_links(link_mbit) if link_mbit else nullcontext() as links:
         if method == "ideal":
             result = run_murmur(task, slowdowns, method, seed, max(6.0, 2 * spec.get("eval_every", 1.0)), root, links=links,
-                                ema_decay=ema_decay)
+                                ema_decay=ema_decay, trace=trace and static_trace([trace.peers[i].slowdown_at(0.0) or 1.0 for i in trace.initial()]))
         elif method in MURMUR_ARGS:
+            # An exchange over the slowest link is given the time it needs; a peer that starts from the task's
+            # seeded model (`same_init`) pulls none.
+            flags = [*(["--min-link-mbit", f"{min(link_mbit):g}"] if link_mbit else []), *(["--no-state-sync"] if same_init else [])]
             result = run_murmur(task, slowdowns, method, seed, max_s, root, scale, links=links, ema_decay=ema_decay,
-                                min_samples=min_samples)
+                                min_samples=min_samples, trace=trace, target=target, peer_flags=flags)
         else:  # the synchronous baselines: their ranks run one thread each, like the peers
-            mode = "diloco" if method == "diloco" else method.removeprefix("sync-")
-            result = run_sync(task, slowdowns, mode, max_s, spec["step_time"], spec["target"], spec.get("eval_every", 1.0),
-                              seed=seed, lr_scale=scale, local_steps=spec["local_steps"], min_samples=min_samples,
-                              ema_decay=ema_decay, links=links, work_dir=root)
+            result = run_sync(task, slowdowns, method.removeprefix("sync-"), max_s, spec["step_time"], target,
+                              spec.get("eval_every", 1.0), seed=seed, lr_scale=scale,
+                              local_steps=local_steps or spec["local_steps"], min_samples=min_samples, ema_decay=ema_decay,
+                              links=links, work_dir=root, trace=trace)
     result["lr_scale"] = scale
     result["ema_decay"] = ema_decay
     result["lr"] = base_lr(task) * scale  # as trained: a later change to the task's rate leaves the record right
     result["link_mbit"] = link_mbit
+    if trace is not None:
+        result["trace"] = trace.to_json()
     return result
 
 
@@ -260,7 +111,7 @@ def run_bench(config: dict, out: Path) -> dict:
     """
     if config.get("link_mbit"):
         for task in config["tasks"]:  # a wrong spec is an error with or without namespaces
-            for mix in config["mixes"][task]:
+            for mix in (m for m in config["mixes"][task] if m in MIXES):  # a trace file's peers are checked as it runs
                 try:
                     caps_for(config["link_mbit"], len(MIXES[mix]))
                 except LinkSpecError as e:
@@ -276,46 +127,67 @@ def run_bench(config: dict, out: Path) -> dict:
     multiprocessing.forkserver.ensure_running()
     bench_began = time.monotonic()
     results: list[dict] = []
-    total = sum(len(config["seeds"]) * len(config["mixes"][t]) * len(task_runs(t, config)) for t in config["tasks"])
+    total = sum(len(config["seeds"]) * len(config["mixes"][t]) * len(task_runs(t, config)) * len(config.get("scenarios") or [None])
+                for t in config["tasks"])  # fmt: skip
     with Progress(total=total, label="murmur bench") as progress:
         for task in config["tasks"]:
             _bench_task(task, config, task_runs(task, config), out, progress, results)
     return report({"config": config, "results": results, "wall_s": time.monotonic() - bench_began}, out)
 
 
-def task_runs(task: str, config: dict) -> list[tuple[str, float | None]]:
-    """The (method, learning-rate scale) pairs `config` runs on `task`, the ideal first (None: the task's chosen scale).
+def task_runs(task: str, config: dict) -> list[tuple[str, float | None, int | None]]:
+    """The (method, learning-rate scale, DiLoCo H) runs `config` has on `task`, the ideal first (None: the task's choice).
 
-    A config with "lr_factors" (the sweep) runs each of its runs at each factor times its scale.
+    A config with "lr_factors" (the sweep) runs each of its runs at each factor times its scale; one with
+    "local_steps" runs each DiLoCo method at each of those H.
     """
     runs = [(m, s) for m, s in config["runs"]]
     if factors := config.get("lr_factors"):
         chosen = TASKS[task]["lr_scale"]
         runs = [(m, (chosen.get(m, 1.0) if s is None else s) * f) for f in factors for m, s in runs]
-    return [("ideal", None), *runs]
+    hs = config.get("local_steps") or [None]
+    return [("ideal", None, None), *((m, s, h) for m, s in runs for h in (hs if m.startswith("diloco") else [None]))]
+
+
+def scenarios(task: str, mix: str, seed: int, config: dict) -> list[tuple[str | None, Trace | None]]:
+    """The (scenario name, trace) pairs `config` runs for one task, mix and seed: its named scenarios over the
+    task's horizon (seeded by `seed`), or its trace file (named by its stem); without either, the plain mix (None, None)."""
+    if path := config.get("trace_file"):
+        return [(Path(path).stem, load_trace(Path(path)))]
+    horizon = config.get("horizon_s", {}).get(task, config["max_s"][task])
+    return [(name, scenario(name, MIXES[mix], horizon, seed)) for name in config.get("scenarios", [])] or [(None, None)]
+
+
+def _label(method: str, scale: float | None, local_steps: int | None) -> str:
+    return method + ("" if scale is None else f"@lr×{scale:g}") + ("" if local_steps is None else f" H={local_steps}")
 
 
 def _bench_task(task: str, config: dict, runs: list, out: Path, progress: Progress, results: list[dict]) -> None:
-    """Run every seed and mix of `task`, method by method (interleaved), appending to `results` and saving them."""
+    """Run every seed, mix and scenario of `task`, method by method (interleaved), appending to `results` and saving them."""
+    target = config.get("target", {}).get(task, TASKS[task]["target"])
     for seed in config["seeds"]:
         for mix in config["mixes"][task]:
-            slowdowns = MIXES[mix]
-            max_s = config["max_s"][task]
-            caps = caps_for(config["link_mbit"], len(slowdowns)) if config.get("link_mbit") else None
-            group = []
-            # The ideal is calibrated for every seed, next to the runs it is compared with.
-            for method, scale in runs:
-                label = method if scale is None else f"{method}@lr×{scale:g}"
-                print(f"[bench] {task} seed {seed} {mix} {slowdowns}{f' links {caps} Mbit/s' if caps else ''}: {label}", flush=True)
-                progress.start(f"{task} {mix} seed {seed}: {label}")
-                began = time.monotonic()
-                r = run_method(task, slowdowns, method, seed, max_s, out / "runs" / f"{task}-{mix}-s{seed}-{label}", scale, caps,
-                               config.get("ema_decay", DEFAULT_DECAY), min_samples=equal_samples(task, group) or 0)
-                r.update(mix=mix, seed=seed, label=label, run_wall_s=time.monotonic() - began)  # start-up and teardown included
-                group.append(r)
-                progress.advance()
-            for g in score(group):
-                print(f"  {g['label']:18s} ttt={g.get('time_to_target') if g['method'] != 'ideal' else '-'} samples/s={g['samples_per_s']:.0f} ({(g['pct_of_ideal'] or 0):.0%} of ideal) "
-                      f"max idle={max(p['idle_fraction'] for p in g['peers']):.1%} {TASKS[task]['metric']} at equal samples={g['metric_at_equal_samples']}", flush=True)
-            results += group
-            (out / "results.json").write_text(json.dumps({"config": config, "results": results}, indent=1))
+            for name, trace in scenarios(task, mix, seed, config):
+                slowdowns = [p.slowdown_at(0.0) or 1.0 for p in trace.peers] if trace else MIXES[mix]
+                max_s = config["max_s"][task]
+                caps = caps_for(config["link_mbit"], len(trace.peers) if trace else len(slowdowns)) if config.get("link_mbit") else None
+                group: list[dict] = []
+                # The ideal is calibrated for every seed, next to the runs it is compared with.
+                for method, scale, h in runs:
+                    label = _label(method, scale, h)
+                    print(f"[bench] {task} seed {seed} {mix}{f' {name}' if name else ''} {slowdowns}{f' links {caps} Mbit/s' if caps else ''}: {label}", flush=True)
+                    progress.start(f"{task} {mix}{f' {name}' if name else ''} seed {seed}: {label}")
+                    began = time.monotonic()
+                    r = run_method(task, slowdowns[: len(trace.initial())] if trace else slowdowns, method, seed, max_s,
+                                   out / "runs" / f"{task}-{mix}{f'-{name}' if name else ''}-s{seed}-{label.replace(' ', '-')}", scale, caps,
+                                   config.get("ema_decay", DEFAULT_DECAY), trace=trace, target=target, local_steps=h,
+                                   same_init=config.get("same_init", False),
+                                   min_samples=equal_samples(task, group, config.get("reference", "sync-equal")) or 0)
+                    r.update(mix=mix, scenario=name, seed=seed, label=label, run_wall_s=time.monotonic() - began)  # start-up and teardown included
+                    group.append(r)
+                    progress.advance()
+                for g in score(group, config.get("reference", "sync-equal")):
+                    print(f"  {g['label']:18s} ttt={g.get('time_to_target') if g['method'] != 'ideal' else '-'} samples/s={g['samples_per_s']:.0f} ({(g['pct_of_ideal'] or 0):.0%} of ideal) "
+                          f"max idle={max(p['idle_fraction'] for p in g['peers']):.1%} {TASKS[task]['metric']} at equal samples={g['metric_at_equal_samples']}", flush=True)
+                results += group
+                (out / "results.json").write_text(json.dumps({"config": config, "results": results}, indent=1))

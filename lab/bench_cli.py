@@ -9,7 +9,9 @@ from pathlib import Path
 
 from lab import bench
 from lab.bench_config import (
+    ARENA,
     DEFAULT,
+    LONG_HORIZON,
     METHODS,
     MIXES,
     MURMUR_ARGS,
@@ -22,6 +24,8 @@ from lab.bench_config import (
 )
 from lab.bench_report import rescore
 from lab.links import LinkSpecError, LinksUnavailable, parse_link_mbit
+from lab.traces import SCENARIOS, TraceError
+from lab.traces import load as load_trace
 from murmur.node.learn.weight_average import DEFAULT_DECAY
 
 
@@ -66,14 +70,46 @@ def main(argv: list[str] | None = None) -> int:
                              "0: the live models)")
     parser.add_argument("--max-s", type=float, default=None, metavar="SECONDS",
                         help="stop every run after this long (default: the configuration's per task)")
+    parser.add_argument("--scenario", default=None, metavar="NAME[,NAME...]",
+                        help=f"the real arena: speeds that change and peers that come and go, from {list(SCENARIOS)} "
+                             "(lab.traces). Runs ARENA (charlm, headline mix, 3 seeds; --tasks/--mixes/--seeds/--methods change it)")
+    parser.add_argument("--trace", type=Path, default=None, metavar="FILE",
+                        help="the arena under your own speed trace (JSON: times and slowdowns per peer, optional "
+                             "leave/crash/join events; see docs/bench.md)")
+    parser.add_argument("--long-horizon", action="store_true",
+                        help="the slow-link arena: LONG_HORIZON (charlm-large, headline mix, links 100/50/20/10 Mbit/s scaled to "
+                             "its step time, 10 min a run, 3 seeds; needs root; see docs/bench.md)")
+    parser.add_argument("--local-steps", default=None, metavar="H[,H...]",
+                        help="run each DiLoCo method at each of these H (inner steps between syncs): the H sweep")
     parser.add_argument("--rescore", type=Path, default=None, metavar="RESULTS_JSON",
                         help="run nothing: score an earlier run's results.json again and write the table and plots to --out")
     args = parser.parse_args(argv)
     if args.rescore:
         rescore(args.rescore, args.out)
         return 0
-    base = QUICK if args.quick else SWEEP if args.sweep_lr else SLOW_LINK if args.link_mbit else DEFAULT
+    arena = args.scenario is not None or args.trace is not None
+    base = (QUICK if args.quick else SWEEP if args.sweep_lr else LONG_HORIZON if args.long_horizon else SLOW_LINK if args.link_mbit
+            else ARENA if arena else DEFAULT)  # fmt: skip
     config = json.loads(json.dumps(base))
+    if args.scenario is not None:
+        config["scenarios"] = args.scenario.split(",")
+        unknown = [s for s in config["scenarios"] if s not in SCENARIOS]
+        if unknown:
+            parser.error(f"unknown scenario(s) {unknown}; choose from {list(SCENARIOS)}")
+    if args.trace is not None:
+        try:
+            load_trace(args.trace)
+        except TraceError as e:
+            parser.error(str(e))
+        config.pop("scenarios", None)
+        config["trace_file"] = str(args.trace)
+    if args.local_steps:
+        try:
+            config["local_steps"] = [int(h) for h in args.local_steps.split(",")]
+        except ValueError:
+            parser.error(f"--local-steps takes whole numbers of steps, got {args.local_steps!r}")
+        if any(h < 1 for h in config["local_steps"]):
+            parser.error("--local-steps must be at least 1")
     if args.link_mbit:
         config["link_mbit"] = args.link_mbit
     if args.tasks:
@@ -86,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             config["max_s"].setdefault(t, DEFAULT["max_s"].get(t, TASKS[t]["max_s"]))
     if args.mixes:
         config["mixes"] = {t: args.mixes.split(",") for t in config["tasks"]}
+    if args.trace is not None:  # the trace says every peer's speed
+        config["mixes"] = {t: ["trace"] for t in config["tasks"]}
     if args.max_s:
         config["max_s"] = dict.fromkeys(config["tasks"], args.max_s)
     if args.methods:

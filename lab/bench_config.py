@@ -23,16 +23,17 @@ TASKS = {
                "local_steps": 8, "eval_every": 0.25, "equal_samples": 10_240},
     # `step_time` keeps the headline mix's training within the machine's 2 cores, so that every emulated device
     # keeps its speed (docs/history/2026-12-06-lab-calibration.md). `lr_scale`: the choices of `murmur bench --sweep-lr`
-    # (docs/bench/sweep-lr); diloco, not swept, trains at sync-proportional's rate.
+    # (docs/bench/sweep-lr); sync-adaptive and the diloco variants, not swept, train at sync-proportional's rate.
     "charlm": {"step_time": 80.0, "target": 2.5, "metric": "loss", "higher": False, "max_s": 120.0,
-               "lr_scale": {"sync-proportional": 0.5, "diloco": 0.5}, "local_steps": 8},
+               "lr_scale": {"sync-proportional": 0.5, "sync-adaptive": 0.5, "diloco": 0.5, "diloco-proportional": 0.5},
+               "local_steps": 8},
     # 2.15M parameters (8.6 MB of float32), the slow-link task. `step_time` keeps the headline mix within 2 cores
     # (docs/history/2026-12-06-lab-calibration.md). An evaluation costs a step or two, so every peer evaluates every 6 s, not every
     # second. diloco syncs every 4 steps: over a slow link one all-reduce of the whole model costs several steps.
     "charlm-large": {"step_time": 1250.0, "target": 3.0, "metric": "loss", "higher": False, "max_s": 120.0,
                      "lr_scale": {}, "local_steps": 4, "eval_every": 6.0},
 }
-METHODS = ["sync-equal", "sync-proportional", "diloco", "murmur-uniform", "murmur-work", "murmur"]
+METHODS = ["sync-equal", "sync-proportional", "sync-adaptive", "diloco", "diloco-proportional", "murmur-uniform", "murmur-work", "murmur"]
 # What each Murmur method tells `murmur run` beyond the workload; `murmur` keeps every default.
 MURMUR_ARGS = {
     "murmur-uniform": ["--merge", "average", "--weighting", "uniform"],
@@ -82,3 +83,22 @@ SLOW_LINK = {"tasks": ["charlm-large"], "mixes": {"charlm-large": ["headline"]},
              "runs": at_chosen_lr(["sync-equal", "sync-proportional", "diloco", "murmur-work", "murmur"]),
              "link_mbit": [20.0], "ema_decay": 0.0}
 SLOW_LINK_UNEVEN = {**SLOW_LINK, "link_mbit": [100.0, 50.0, 20.0, 10.0]}
+# The real arena on loopback (`murmur bench --scenario NAME[,NAME]`, `--trace FILE`): charlm's headline mix under
+# a speed trace (`lab.traces`) over a 90 s horizon, against the sync baselines that follow changing speeds. The target
+# is lower than charlm's own so that every method is still training when the scenario's events come (a third of the
+# horizon on); loss at equal samples is read where sync-adaptive, the best-tuned of them, reached it.
+ARENA = {"tasks": ["charlm"], "mixes": {"charlm": ["headline"]}, "seeds": [0, 1, 2], "max_s": {"charlm": 120.0},
+         "horizon_s": {"charlm": 90.0}, "target": {"charlm": 2.0}, "reference": "sync-adaptive", "scenarios": ["drift"],
+         "runs": at_chosen_lr(["sync-adaptive", "sync-proportional", "murmur"])}
+# The slow-link arena (`murmur bench --long-horizon`, root): charlm-large's headline mix over uneven links for 10
+# minutes a run. Its links are 100, 50, 20 and 10 Mbit/s scaled by LONG_HORIZON_LINK_SCALE, so that one float32
+# model transfer takes as many fast-peer steps as a 1B-parameter model's on one A100 would at those rates
+# (20 steps at 100 Mbit/s; the arithmetic is in docs/bench.md). DiLoCo runs at the task's `local_steps`, the best of
+# the sweep `--local-steps 8,32,128,512`. Every peer starts from the task's seeded initial model (`same_init`), as
+# DDP's broadcast would give, instead of pulling it over a link that would take minutes.
+LONG_HORIZON_NOMINAL_MBIT = [100.0, 50.0, 20.0, 10.0]
+LONG_HORIZON_LINK_SCALE = 0.0275
+LONG_HORIZON = {"tasks": ["charlm-large"], "mixes": {"charlm-large": ["headline"]}, "seeds": [0, 1, 2],
+                "max_s": {"charlm-large": 600.0}, "reference": "diloco-proportional", "ema_decay": 0.0,
+                "link_mbit": [round(m * LONG_HORIZON_LINK_SCALE, 4) for m in LONG_HORIZON_NOMINAL_MBIT],
+                "same_init": True, "runs": at_chosen_lr(["diloco-proportional", "diloco", "murmur"])}

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import statistics
 from pathlib import Path
 
 from lab.bench_config import METHODS, MIXES, MURMUR_ARGS, TASKS
 from lab.bench_plots import plot, run_labels, runs_of
+from lab.traces import Trace
 
 
 def metric_at_samples(result: dict, metric: str, samples: float) -> float | None:
@@ -23,30 +25,46 @@ def metric_at_samples(result: dict, metric: str, samples: float) -> float | None
     return None
 
 
-def equal_samples(task: str, group: list[dict]) -> int | None:
-    """Where one task, seed and mix's runs are compared: the task's fixed `equal_samples`; else as many samples as
-    sync-equal needed to reach its target (in a sweep, the best-tuned sync-equal's). None while no sync-equal ran.
+def equal_samples(task: str, group: list[dict], reference: str = "sync-equal") -> int | None:
+    """Where one task, seed, mix and scenario's runs are compared: the task's fixed `equal_samples`; else as many
+    samples as the `reference` method needed to reach its target (in a sweep, its best-tuned run's). None while
+    no reference ran.
 
-    The bench passes it to each run as it goes (sync-equal runs first), so that a faster method trains on to it.
+    The bench passes it to each run as it goes (the reference runs first), so that a faster method trains on to it.
     """
     budget = TASKS[task].get("equal_samples")
     if budget is None:
-        syncs = [g for g in group if g["method"] == "sync-equal" and g["curve"]]
+        syncs = [g for g in group if g["method"] == reference and g["curve"]]
         best = min(syncs, key=lambda g: g.get("time_to_target") or float("inf"), default=None)
         budget = best["curve"][-1]["samples"] if best else None
     return budget
 
 
-def score(group: list[dict]) -> list[dict]:
-    """Add % of ideal and the metric at equal samples to one task, seed and mix's runs (ideal first)."""
+def score(group: list[dict], reference: str = "sync-equal") -> list[dict]:
+    """Add % of ideal and the metric at equal samples to one task, seed, mix and scenario's runs (ideal first).
+
+    The ideal runs every peer alone at its initial speed; under a changing trace a run's ideal is that
+    measured rate times the trace's ideal work over the run (`Trace.ideal_work`) per its initial rate.
+    """
     metric = TASKS[group[0]["task"]]["metric"]
     ideal = next(g["samples_per_s"] for g in group if g["method"] == "ideal")
-    budget = equal_samples(group[0]["task"], group)  # a method that stopped before it has no reading
+    budget = equal_samples(group[0]["task"], group, reference)  # a method that stopped before it has no reading
     for g in group:
         g.setdefault("label", g["method"])
-        g["pct_of_ideal"] = g["samples_per_s"] / ideal if ideal else None
+        rate = ideal * _trace_factor(g) if ideal else None
+        g["pct_of_ideal"] = g["samples_per_s"] / rate if rate else None
         g["metric_at_equal_samples"] = metric_at_samples(g, metric, budget) if budget and g["method"] != "ideal" else None
     return group
+
+
+def _trace_factor(result: dict) -> float:
+    """A run's ideal rate over its trace, per the ideal rate at the trace's start (1 without a trace)."""
+    if not result.get("trace") or not result["curve"] or result["method"] == "ideal":
+        return 1.0
+    trace = Trace.from_json(result["trace"])
+    end = result["curve"][-1]["t"]
+    at_start = sum(1 / (trace.peers[i].slowdown_at(0.0) or math.inf) for i in trace.initial())
+    return trace.ideal_work(end) / end / at_start if end > 0 and at_start > 0 else 1.0
 
 
 def report(run: dict, out: Path) -> dict:
@@ -78,9 +96,9 @@ def rescore(results_file: Path, out: Path) -> dict:
     run = json.loads(results_file.read_text())
     groups: dict[tuple, list[dict]] = {}
     for r in run["results"]:
-        groups.setdefault((r["task"], r["seed"], r["mix"]), []).append(r)
+        groups.setdefault((r["task"], r["seed"], r["mix"], r.get("scenario")), []).append(r)
     for group in groups.values():
-        score(group)
+        score(group, run["config"].get("reference", "sync-equal"))
     return report(run, out)
 
 
@@ -124,29 +142,58 @@ def _evaluated_line(results: list[dict]) -> list[str]:
     return [f"Every method evaluated {said} (`--ema-decay`).", ""]
 
 
+BASELINES = ("sync-", "diloco")  # the prefixes of the synchronous methods' names
+
+
 def summarize(results: list[dict]) -> str:
-    lines = _links_line(results) + _evaluated_line(results) + ["| task | mix | method | time to target s | vs sync-equal | samples/s | % of ideal | max peer idle | metric at equal samples | lr |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    keys = sorted({(r["task"], r["mix"]) for r in results}, key=lambda k: (k[0], list(MIXES).index(k[1])))
-    for task, mix in keys:
+    """The markdown table: one row per task, mix, scenario (runs under traces only) and method, medians over seeds
+    with their range. Under traces it adds the ratio to the best baseline of each seed, bytes sent and restarts."""
+    arena = any(r.get("scenario") for r in results)
+    head = ["task", "mix", *(["scenario"] if arena else []), "method", "time to target s", "vs sync-equal",
+            *(["vs best baseline"] if arena else []), "samples/s", "% of ideal", "max peer idle", "metric at equal samples",
+            *(["MB sent", "restarts (downtime s)"] if arena else []), "lr"]  # fmt: skip
+    lines = _links_line(results) + _evaluated_line(results) + ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    keys = sorted({(r["task"], r["mix"], r.get("scenario")) for r in results},
+                  key=lambda k: (k[0], list(MIXES).index(k[1]) if k[1] in MIXES else len(MIXES), k[2] or ""))  # fmt: skip
+    for task, mix, scenario in keys:
         for label in run_labels(results):
-            rs = runs_of(results, task, mix, label)
+            rs = [r for r in runs_of(results, task, mix, label) if r.get("scenario") == scenario]
             if not rs:
                 continue
-            ratios = []
-            for r in rs:
-                syncs = [b for b in results if (b["task"], b["mix"], b["seed"], b["method"]) == (task, mix, r["seed"], "sync-equal")]
-                base = min((b["time_to_target"] for b in syncs if b.get("time_to_target")), default=None)  # the best-tuned
-                if label != "ideal" and base and r.get("time_to_target"):
-                    ratios.append(r["time_to_target"] / base)
+            same = [r for r in results if (r["task"], r["mix"], r.get("scenario")) == (task, mix, scenario)]
             scale = rs[0].get("lr_scale")
-            lines.append(
-                f"| {task} | {mix} | {label} | {_med([r.get('time_to_target') for r in rs]) if label != 'ideal' else '—'} | {_med(ratios)} | "
-                f"{_med([r['samples_per_s'] for r in rs])} | {_med([r['pct_of_ideal'] for r in rs])} | "
-                f"{_med([max(p['idle_fraction'] for p in r['peers']) for r in rs])} | {_med([r.get('metric_at_equal_samples') for r in rs], 3)} | "
-                f"{f'{run_lr(rs[0]):.3g} (×{scale:g})' if scale and label != 'ideal' else '—'} |"
-            )
+            cells = [task, mix, *([scenario] if arena else []), label,
+                     _med([r.get("time_to_target") for r in rs]) if label != "ideal" else "—",
+                     _med(_ratios(rs, same, lambda b: b["method"] == "sync-equal"))]  # fmt: skip
+            if arena:
+                cells.append(_med(_ratios(rs, same, lambda b: b["method"].startswith(BASELINES))))
+            cells += [_med([r["samples_per_s"] for r in rs]), _med([r["pct_of_ideal"] for r in rs]),
+                      _med([max(p["idle_fraction"] for p in r["peers"]) for r in rs]),
+                      _med([r.get("metric_at_equal_samples") for r in rs], 3)]  # fmt: skip
+            if arena:
+                cells += [_med([sum(p.get("bytes_sent") or 0 for p in r["peers"]) / 1e6 for r in rs], 1), _restarts(rs)]
+            cells.append(f"{run_lr(rs[0]):.3g} (×{scale:g})" if scale and label != "ideal" else "—")
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _ratios(runs: list[dict], same: list[dict], is_base) -> list[float]:
+    """Each run's time to target over the best time of the baselines `is_base` picks in its seed (none: no ratio)."""
+    out = []
+    for r in runs:
+        base = min((b["time_to_target"] for b in same if b["seed"] == r["seed"] and is_base(b) and b.get("time_to_target")), default=None)
+        if r["method"] != "ideal" and base and r.get("time_to_target"):
+            out.append(r["time_to_target"] / base)
+    return out
+
+
+def _restarts(runs: list[dict]) -> str:
+    """The median number of restarts and their median total downtime over seeds ("—" for a method that never restarts)."""
+    if not any("restarts" in r for r in runs):
+        return "—"
+    counts = [len(r.get("restarts", [])) for r in runs]
+    downtime = [sum(x["downtime_s"] for x in r.get("restarts", [])) for r in runs]
+    return f"{statistics.median(counts):g} ({statistics.median(downtime):.1f})"
 
 
 def choose_lr(results: list[dict]) -> dict[str, dict[str, float]]:

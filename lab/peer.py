@@ -11,6 +11,9 @@ configuration:
                        them to params.pt in the data dir on exit
   --params-kept N      the most copies --record-params keeps (default 256)
   --lr-scale X         multiply the task's learning rate by X (not again on a resumed optimizer)
+  --trace FILE         pace by peer --trace-peer's slowdowns in this speed trace (`lab.traces`), in seconds
+                       since training started (the start time, with --start-at/--start-file); needs --step-time
+  --trace-peer I       which peer of --trace this is (default 0)
 
 Lab flags may also follow `run` (the swarm launchers append them to `murmur run`'s). The lab's
 plugins (`lab.plugins`: `--partners link-speed`, `--optimizer-state average`) are registered
@@ -30,6 +33,8 @@ import anyio
 import torch
 
 from lab.plugins import register
+from lab.traces import PeerTrace, Trace, TraceError, TracedPacing
+from lab.traces import load as load_trace
 from murmur.node.learn.loop import Evaluation
 from murmur.node.learn.replica import Replica
 from murmur.node.learn.step import Pacing, scale_learning_rate
@@ -53,6 +58,14 @@ def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
     return parse
 
 
+def _trace(path: str) -> Trace:
+    """An argparse type: the speed trace in file `path`."""
+    try:
+        return load_trace(Path(path))
+    except TraceError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def build_lab_parser() -> argparse.ArgumentParser:
     """The lab's own flags (see the module docstring); everything else is left for `murmur run`.
 
@@ -65,6 +78,8 @@ def build_lab_parser() -> argparse.ArgumentParser:
     parser.add_argument("--record-params", action="store_true")
     parser.add_argument("--params-kept", type=_positive(int), default=DEFAULT_PARAMS_KEPT, metavar="N")
     parser.add_argument("--lr-scale", type=_positive(float), default=1.0, metavar="X")
+    parser.add_argument("--trace", type=_trace, default=None, metavar="FILE")
+    parser.add_argument("--trace-peer", type=int, default=0, metavar="I")
     return parser
 
 
@@ -80,12 +95,21 @@ async def wait_for_start_time(path: Path) -> float:
             await anyio.sleep(START_FILE_POLL_S)
 
 
-async def wait_to_start(start_at: float | None, start_file: Path | None) -> None:
-    """Return at `start_at`, or at the time `start_file` holds once written (which wins when both are given)."""
+async def wait_to_start(start_at: float | None, start_file: Path | None) -> float:
+    """Return at `start_at`, or at the time `start_file` holds once written (which wins when both are given);
+    return the start time (now, given neither)."""
     if start_file is not None:
         start_at = await wait_for_start_time(start_file)
     if start_at is not None:
         await anyio.sleep(max(0.0, start_at - time.time()))
+    return time.time() if start_at is None else start_at
+
+
+def traced_pacing(trace: PeerTrace, step_time_ms: float) -> tuple[TracedPacing, Callable[[float], None]]:
+    """A pacing that follows `trace`, and the function that sets its origin (the Unix time training starts)."""
+    origin = [time.time()]
+    pacing = TracedPacing(trace, step_time_ms, clock=lambda: time.time() - origin[0])
+    return pacing, lambda start: origin.__setitem__(0, start)
 
 
 class ParamsRecorder:
@@ -123,10 +147,17 @@ def hooks(args: argparse.Namespace) -> run.Around:
 
     @asynccontextmanager
     async def around(node: Node) -> AsyncIterator[None]:
-        if args.step_time is not None:
+        set_origin: Callable[[float], object] = lambda start: None
+        if args.trace is not None:
+            node.pacing, set_origin = traced_pacing(args.trace.peers[args.trace_peer], args.step_time)
+        elif args.step_time is not None:
             node.pacing = Pacing(node.pacing.slowdown, args.step_time)
-        if args.start_at is not None or args.start_file is not None:
-            node.start_gate = lambda: wait_to_start(args.start_at, args.start_file)
+
+        async def start_gate() -> None:
+            set_origin(await wait_to_start(args.start_at, args.start_file))
+
+        if args.start_at is not None or args.start_file is not None or args.trace is not None:
+            node.start_gate = start_gate
         assert node.loop is not None, "murmur run trains in its own loop"
         if args.lr_scale != 1.0 and node.resumed_from is None:  # a resumed optimizer carries its scaled rate
             scale_learning_rate(node.loop.replica.optimizer, args.lr_scale)
@@ -144,7 +175,12 @@ def hooks(args: argparse.Namespace) -> run.Around:
 
 def main(argv: list[str]) -> int:
     """Run `argv` (lab flags, then `run` and `murmur run`'s flags; or `id --data-dir DIR`); return the exit status."""
-    args, rest = build_lab_parser().parse_known_args(argv)
+    parser = build_lab_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.trace is not None and args.step_time is None:
+        parser.error("--trace needs --step-time (a trace's slowdowns multiply the step time)")
+    if args.trace is not None and not 0 <= args.trace_peer < len(args.trace.peers):
+        parser.error(f"--trace-peer {args.trace_peer}: the trace has peers 0..{len(args.trace.peers) - 1}")
     if rest[:1] == ["id"]:
         from murmur.node.net.identity import load_or_create_identity, peer_id_of
 

@@ -7,18 +7,23 @@ same optimizer step, so the model stays identical everywhere. The rank's side is
 `lab.sync_rank`; this module starts the ranks, collects their results and
 reports them.
 
-Modes (`diloco`: see `lab.sync_rank`):
+Modes (`diloco`, `adaptive`, `diloco-proportional`: see `lab.sync_rank`):
   equal         every rank uses the task's `batch_size`; gradients are averaged.
   proportional  rank r uses round(B * n * speed_r / sum(speeds)) samples (>= 1),
                 speed_r = 1 / slowdown_r; gradients are sample-weighted: each rank
                 scales its mean-loss gradient by its batch, the sum is all-reduced
                 and divided by the total number of samples in the step.
+  adaptive      proportional, re-split every `rebalance_every` steps by measured speed.
+  diloco-proportional  diloco whose slower ranks take fewer inner steps, re-split every round by
+                measured speed, so that the ranks reach the all-reduce together.
 
 Heterogeneity is emulated as on a Murmur node (`murmur.node.learn.step.Pacing`): after the
 local compute of a step (drawing the batch, forward, backward) a rank with slowdown S
 sleeps so that the step takes S * step_time_ms * batch / 32 ms (minus what the compute
 really took), or, without `step_time_ms`, sleeps (S - 1) times the measured compute.
-The sleep comes before the all-reduce because it stands in for slower compute.
+The sleep comes before the all-reduce because it stands in for slower compute. With a
+`trace` (`lab.traces`) each rank's slowdown follows its trace peer over training time, and a
+rank waits out the trace's sleeps in that padding, holding up the group as a sleeping machine would.
 
 Clock: start-up (process start, group init, model build, the t=0 evaluation) is excluded;
 every rank starts its clock when it leaves a barrier that all ranks reach once ready.
@@ -36,6 +41,8 @@ the capped links. Start-up stays excluded: the clock still starts at the ranks' 
 Library use: `run_sync(...)` returns a JSON-serialisable dict. CLI:
   python -m lab.sync_baseline --task digits --slowdowns 1,1,2,4 --mode equal \
       --step-time-ms 20 --duration 20 --out results/sync.json
+  python -m lab.sync_baseline --slowdowns 1,2 --mode diloco-proportional --outer-wire int8 \
+      --step-time-ms 20 --trace my-trace.json
 """
 
 from __future__ import annotations
@@ -54,11 +61,12 @@ from typing import Any, Sequence
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from lab.diloco import WIRES
 from lab.links import LINK_DEVICE
 from lab.netns import Netns
 from lab.swarm import ForkedProcess, stop_processes
 from lab.sync_rank import HOST, MODES, Config, run_rank, worker
-from lab.traces import Trace
+from lab.traces import Trace, TraceError, load
 from murmur.node.learn.tasks.task import Metric
 
 RANK_MODULE = "lab.sync_rank"  # what the ranks' fork server preloads
@@ -133,27 +141,36 @@ def run_sync(
     links: Sequence[Netns] | None = None,
     work_dir: Path | None = None,
     trace: Trace | None = None,
+    slots: Sequence[int] | None = None,
+    rebalance_every: int = 10,
+    outer_wire: str = "int8",
 ) -> dict[str, Any]:
     """Train `task_name` synchronously on len(slowdowns) ranks; return the results dict.
 
     Trains for `duration` seconds of training time (start-up and evaluation excluded)
     or until the held-out metric reaches `target` with at least `min_samples` trained.
-    `seed` shifts every rank's data shard (rank + 1000 * seed). Collectives time out after `pg_timeout_s`; the whole
-    run is abandoned after `timeout_s` (default 600 + 2 * duration). Any rank failure
-    ends all ranks and raises `RankFailed` with the rank's traceback. `lr_scale`
+    `seed` shifts every rank's data shard (its slot + 1000 * seed; without a trace the slot is the rank).
+    Collectives time out after `pg_timeout_s`; the whole run is abandoned after `timeout_s` (default
+    600 + 2 * duration). Any rank failure ends all ranks and raises `RankFailed` with the rank's traceback. `lr_scale`
     multiplies the task's learning rate; `local_steps`, `outer_lr` and `outer_momentum`
     configure mode `diloco` (see `lab.sync_rank`); `ema_decay` > 0 evaluates a moving average
     of the weights (`murmur.node.learn.weight_average`). With `links` (one namespace per rank, from
     `lab.links.peer_links`) rank r runs in `links[r]`, its log and result files under
-    `work_dir` (required then). A `trace` with events (leave, crash, join) runs elastically, as torchrun would
-    (`lab.elastic`): `slowdowns` are the trace's initial peers' and each rank's slowdown is its peer's; the
-    result adds "restarts" and a row in "peers" for every peer that trained (`rank` is its peer number). Elastic
-    runs are loopback only (`links` raises `NotImplementedError`); their files go under `work_dir` if given.
+    `work_dir` (required then). With `trace` (which needs `step_time_ms`) rank r is paced by trace peer
+    `slots[r]` (default: the trace's initial peers in order), which also picks its data shard: `slowdowns` then only
+    counts the ranks, each rank's slowdown is its peer's initial one, and collectives wait `pg_timeout_s` beyond the
+    longest sleep. A trace with events (leave, crash, join) runs elastically, as torchrun would (`lab.elastic`):
+    the ranks are then the trace's initial peers, and the result adds "restarts" and a row in "peers" for every
+    peer that trained (`rank` is its peer number); such runs are loopback only (`links` raises
+    `NotImplementedError`), their files under `work_dir` if given. `rebalance_every` sets mode `adaptive`'s steps
+    between re-splits; `outer_wire` ("int8" or "float32") how the diloco modes send their pseudo-gradients.
 
     Returns {"method", "task", "mode", "metric", "slowdowns", "step_time_ms", "target",
     "curve": [{"t", "samples", <metrics>...}], "time_to_target", "samples_per_s",
-    "peers": [{"rank", "slowdown", "batch", "samples", "compute_s", "comm_s", "wall_s",
-    "idle_fraction", "bytes_sent"}], "wall_s", "startup_s", "eval_s", ...}.
+    "peers": [{"rank", "slowdown", "batch", "samples", "local_steps", "compute_s", "comm_s", "wall_s",
+    "idle_fraction", "bytes_sent"}], "wall_s", "startup_s", "eval_s", "local_steps", "inner_steps" (each
+    rank's last), "outer_lr", "outer_wire", "rebalance_every", "rebalances", "batches" (the last), ...}.
+    Raises `ValueError` for a bad argument before starting any rank.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
@@ -164,11 +181,20 @@ def run_sync(
     n = len(slowdowns)
     if links is not None and (len(links) != n or work_dir is None):
         raise ValueError(f"over links every rank needs a namespace ({len(links)} for {n} ranks) and a work_dir")
+    if outer_wire not in WIRES or rebalance_every < 1:
+        raise ValueError(f"outer_wire must be one of {WIRES}, rebalance_every >= 1: {outer_wire!r}, {rebalance_every}")
     elastic = trace is not None and bool(trace.events)
     if elastic and links is not None:
-        raise NotImplementedError("an elastic run (a trace with events) over links is not supported: run it on loopback")
-    if elastic and len(slowdowns) != len(trace.initial()):
-        raise ValueError(f"slowdowns name the trace's {len(trace.initial())} initial peers, got {len(slowdowns)}")
+        raise NotImplementedError("an elastic run (a trace with events) over links is unsupported: run it on loopback")
+    if trace is not None:
+        slots = tuple(trace.initial()[:n] if slots is None else slots)
+        if step_time_ms is None or len(slots) != n or not all(0 <= s < len(trace.peers) for s in slots):
+            raise ValueError(f"a trace needs step_time_ms and a trace peer per rank: {slots}, {len(trace.peers)} peers")
+        if elastic and slots != tuple(trace.initial()):
+            raise ValueError(f"an elastic run's ranks are the trace's initial peers {trace.initial()}, not {slots}")
+        slowdowns = [trace.peers[s].slowdown_at(0.0) or 1.0 for s in slots]
+        sleeps = [b - a for p in trace.peers for a, b in p.asleep()]  # the last slowdown is never a sleep
+        pg_timeout_s += max(sleeps, default=0.0)
     begin = time.monotonic()
     store = _free_store(timedelta(seconds=pg_timeout_s)) if links is None and not elastic else None
     cfg = Config(
@@ -176,6 +202,8 @@ def run_sync(
         float(eval_every), int(seed), store.port if store else STORE_PORT, float(pg_timeout_s), float(lr_scale),
         int(local_steps), float(outer_lr), float(outer_momentum), int(min_samples), float(ema_decay),
         **({"store_host": links[0].address, "store_on_rank0": True} if links is not None else {}),
+        trace=trace, slots=tuple(slots) if slots is not None else None, rebalance_every=int(rebalance_every),
+        outer_wire=outer_wire,
     )  # fmt: skip
     deadline = begin + (timeout_s if timeout_s is not None else 600 + 2 * duration)
     if elastic:
@@ -268,12 +296,13 @@ def _result(cfg: Config, outputs: dict[int, dict[str, Any]], begin: float) -> di
     if target is not None:
         time_to_target = next((pt["t"] for pt in curve if metric.reached(pt[metric.name], target)), None)
     peer_keys = (
-        "rank", "slowdown", "batch", "steps", "samples", "compute_s", "comm_s", "wall_s", "idle_fraction", "bytes_sent",
+        "rank", "slowdown", "batch", "steps", "samples", "local_steps", "compute_s", "comm_s", "wall_s", "idle_fraction",
+        "bytes_sent",
     )  # fmt: skip
     peers = [{k: outputs[r][k] for k in peer_keys} for r in range(n)]
     total = sum(p["samples"] for p in peers)
     return {
-        "method": "diloco" if mode == "diloco" else f"sync-{mode}",
+        "method": mode if mode.startswith("diloco") else f"sync-{mode}",
         "task": head["task"],
         "mode": mode,
         "metric": head["metric"],
@@ -294,7 +323,17 @@ def _result(cfg: Config, outputs: dict[int, dict[str, Any]], begin: float) -> di
         # time.monotonic is one system-wide clock on Linux, so parent and rank readings compare
         "startup_s": head["clock_start"] - begin,
         "eval_s": head["eval_s"],
-        "config": {k: v for k, v in asdict(cfg).items() if k != "port"},
+        "local_steps": cfg.local_steps,
+        "inner_steps": head["inner_steps"],
+        "outer_lr": cfg.outer_lr,
+        "outer_wire": cfg.outer_wire,
+        "rebalance_every": cfg.rebalance_every,
+        "rebalances": head["rebalances"],
+        "batches": head["batches"],
+        "config": {
+            **{k: v for k, v in asdict(cfg).items() if k not in ("port", "trace")},
+            "trace": cfg.trace.to_json() if cfg.trace is not None else None,
+        },
     }
 
 
@@ -317,6 +356,12 @@ def summary(result: dict[str, Any]) -> str:
         final,
         "  rank slowdown batch  samples compute_s  comm_s  idle  MB_sent",
     ]
+    if result["mode"].startswith("diloco"):
+        lines.insert(3, f"  inner steps {result['inner_steps']} (local_steps {result['local_steps']}), "
+                        f"outer_lr {result['outer_lr']:g}, outer wire {result['outer_wire']}")
+    elif result["mode"] == "adaptive":
+        lines.insert(3, f"  {result['rebalances']} rebalances (every {result['rebalance_every']} steps), "
+                        f"last batches {result['batches']}")
     for p in result["peers"]:
         lines.append(
             f"  {p['rank']:>4} {p['slowdown']:>8g} {p['batch']:>5} {p['samples']:>8} {p['compute_s']:>9.2f} "
@@ -337,14 +382,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr-scale", type=float, default=1.0, help="multiply the task's learning rate")
     parser.add_argument("--local-steps", type=int, default=16, help="diloco: inner steps between syncs")
+    parser.add_argument("--outer-lr", type=float, default=0.7, help="diloco: the outer Nesterov step's learning rate")
+    parser.add_argument("--outer-wire", choices=WIRES, default="int8", help="diloco: how pseudo-gradients travel")
+    parser.add_argument("--rebalance-every", type=int, default=10, help="adaptive: steps between re-splits")
+    parser.add_argument("--trace", type=Path, default=None, help="speed trace JSON (lab.traces) pacing the ranks")
     parser.add_argument("--ema-decay", type=float, default=0.0, help="evaluate a moving average of the weights")
     parser.add_argument("--pg-timeout", type=float, default=60.0, help="collective timeout, seconds")
     parser.add_argument("--out", type=Path, default=None, help="write the results JSON here")
     args = parser.parse_args(argv)
     slowdowns = [float(s) for s in args.slowdowns.split(",") if s.strip()]
+    try:
+        trace = load(args.trace) if args.trace is not None else None
+    except TraceError as e:
+        parser.error(str(e))
     result = run_sync(
         args.task, slowdowns, args.mode, args.duration, args.step_time_ms, args.target, args.eval_every, args.seed,
         pg_timeout_s=args.pg_timeout, lr_scale=args.lr_scale, local_steps=args.local_steps, ema_decay=args.ema_decay,
+        outer_lr=args.outer_lr, outer_wire=args.outer_wire, rebalance_every=args.rebalance_every,
+        trace=trace,
     )  # fmt: skip
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -4,10 +4,12 @@ Every step the rank draws its batch and runs `train_step`; between backward and 
 optimizer step (the `before_update` hook) it
 
 1. pads the step to its emulated device's pace (`Pacing.padding`: a rank with slowdown S
-   looks S times slower, or takes S * step_time_ms per 32 samples). The padding comes
+   looks S times slower, or takes S * step_time_ms per 32 samples; with a trace, S follows the
+   rank's trace peer over training time and a sleep is waited out). The padding comes
    before the all-reduce because it stands in for slower compute;
-2. packs its gradient, scaled by its weight, into one flat buffer with two control
-   slots at the end ([eval_due, stop], set by rank 0);
+2. packs its gradient, scaled by its weight, into one flat buffer with control slots at the
+   end ([eval_due, stop], set by rank 0, then in the rebalancing modes one per rank: its
+   measured seconds per sample, `lab.rebalance`);
 3. all-reduces the buffer (which doubles as the per-step barrier) and sets every
    gradient to its slice divided by the total weight, so every rank takes the same step.
 
@@ -15,8 +17,13 @@ Mode `diloco` (synchronous DiLoCo) instead steps every rank alone, with its own 
 optimizer, for `local_steps` steps; then the ranks all-reduce their pseudo-gradients
 (anchor − parameters, the buffer again carrying the control slots) and every rank takes
 the same outer Nesterov step from the shared anchor, as torchft's DiLoCo does by setting
-`p.grad` and stepping `torch.optim.SGD(nesterov=True)`. Equal `local_steps` on every
+`p.grad` and stepping `torch.optim.SGD(nesterov=True)` (`lab.diloco`, which also sends
+the pseudo-gradients as int8 with `outer_wire` "int8"). Equal `local_steps` on every
 rank: each sync waits for the slowest. Evaluations and the end fall on syncs.
+
+Mode `adaptive` is `proportional` with the batches re-split every `rebalance_every` steps by
+measured speed; `diloco-proportional` is `diloco` with each rank's inner steps re-split every round
+by measured speed, the pseudo-gradients weighted by samples (`lab.rebalance`).
 
 Clock: each rank starts it when it leaves a barrier that all ranks reach once ready
 (start-up excluded). Compute time is the step minus the all-reduce; communication is
@@ -35,25 +42,29 @@ from __future__ import annotations
 import copy
 import itertools
 import json
-import math
 import os
 import sys
 import time
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
+from lab.diloco import Outer, all_reduce_int8, int8_bytes
+from lab.flat import pack, unpack
+from lab.rebalance import Balance, ResizedBatches, proportional_split, steps_split
+from lab.traces import Trace, TracedPacing
 from murmur.node.learn.step import Pacing, scale_learning_rate, train_step
-from murmur.node.learn.tasks import Batch, Task, load_task
+from murmur.node.learn.tasks import Task, load_task
 from murmur.node.learn.weight_average import WeightAverage
 
-MODES = ("equal", "proportional", "diloco")
+MODES = ("equal", "proportional", "diloco", "adaptive", "diloco-proportional")
 HOST = "127.0.0.1"
 EVAL_SLOT, STOP_SLOT = 0, 1  # control slots after the gradients in the all-reduce buffer
+CONTROL = 2  # ... then, when rebalancing, one slot per rank: its seconds per sample
 
 
 @dataclass(frozen=True)
@@ -80,82 +91,38 @@ class Config:
     # network namespace, which the parent is not in, so rank 0 hosts it on its namespace's address.
     store_host: str = HOST
     store_on_rank0: bool = False
-    slots: tuple[int, ...] | None = None  # rank r is trace peer slots[r] (its data shard); None: rank r is peer r
+    trace: Trace | None = None  # paces the ranks instead of `slowdowns` (then the trace's initial ones)
+    slots: tuple[int, ...] | None = None  # each rank's trace peer and data shard (default: rank r is peer r)
+    rebalance_every: int = 10  # adaptive: steps between re-splits of the batch
+    outer_wire: str = "int8"  # diloco modes: how the pseudo-gradients travel ("float32" or "int8")
 
 
 def slot_of(cfg: Config, rank: int) -> int:
-    """The trace peer that `rank` stands for: its data shard follows the peer, not the rank number."""
+    """The trace peer that `rank` stands for: its pacing and data shard follow the peer, not the rank number."""
     return rank if cfg.slots is None else cfg.slots[rank]
 
 
 def batch_sizes(base: int, slowdowns: Sequence[float], mode: str) -> list[int]:
     """Return each rank's per-step batch for `mode`; raises `ValueError` for an unknown mode.
 
-    equal and diloco: `base` everywhere. proportional: round-half-up of
-    base * n * speed_r / sum(speeds), at least 1, with speed_r = 1 / slowdown_r,
-    so the whole step holds about n * base samples split by speed.
+    equal and the diloco modes: `base` everywhere. proportional and adaptive (its first
+    split): round-half-up of base * n * speed_r / sum(speeds), at least 1, with
+    speed_r = 1 / slowdown_r, so the whole step holds about n * base samples split by speed.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
-    n = len(slowdowns)
-    if mode != "proportional":
-        return [base] * n
-    speeds = [1.0 / s for s in slowdowns]
-    total = sum(speeds)
-    return [max(1, math.floor(base * n * v / total + 0.5)) for v in speeds]
-
-
-def resized_batches(stream: Iterator[Batch], size: int) -> Iterator[Batch]:
-    """Yield batches of exactly `size` rows, taking rows from `stream` in order.
-
-    Rows left over from one batch start the next, so no sample is skipped or repeated
-    beyond what the stream itself does.
-    """
-    xs: list[torch.Tensor] = []
-    ys: list[torch.Tensor] = []
-    have = 0
-    while True:
-        while have < size:
-            x, y = next(stream)
-            xs.append(x)
-            ys.append(y)
-            have += len(y)
-        x, y = (xs[0], ys[0]) if len(xs) == 1 else (torch.cat(xs), torch.cat(ys))
-        yield x[:size], y[:size]
-        xs, ys, have = [x[size:]], [y[size:]], have - size
-
-
-def pack(params: list[torch.nn.Parameter], flat: torch.Tensor, scale: float) -> None:
-    """Copy `scale` * each parameter's gradient into the front of `flat` (zeros where a parameter has none)."""
-    offset = 0
-    for p in params:
-        n = p.numel()
-        if p.grad is None:  # unused in this step's loss: contributes nothing
-            flat[offset : offset + n].zero_()
-        else:
-            flat[offset : offset + n].copy_(p.grad.reshape(-1)).mul_(scale)
-        offset += n
-
-
-def unpack(params: list[torch.nn.Parameter], flat: torch.Tensor, divisor: float) -> None:
-    """Set each parameter's gradient to its slice of `flat` / `divisor` (a new tensor where it had none)."""
-    offset = 0
-    for p in params:
-        n = p.numel()
-        grad = flat[offset : offset + n].view_as(p) / divisor
-        if p.grad is None:
-            p.grad = grad.to(p.dtype)
-        else:
-            p.grad.copy_(grad)
-        offset += n
+    if mode not in ("proportional", "adaptive"):
+        return [base] * len(slowdowns)
+    return proportional_split(base * len(slowdowns), [1.0 / s for s in slowdowns])
 
 
 @dataclass
 class Rank:
-    """One rank's fixed setup: its share of the step, its model and optimizers, and the all-reduce buffer.
+    """One rank's setup: its share of the step, its model and optimizers, and the all-reduce buffer.
 
     `flat` holds the gradients (diloco: the pseudo-gradients) and, after them, the control
-    slots; `anchor` and `outer` exist in mode diloco only.
+    slots; `outer` exists in the diloco modes only, `balance` in the rebalancing ones, which
+    change `batches`, `inner` and the weights as they go.
     """
 
     rank: int
@@ -171,9 +138,10 @@ class Rank:
     evaluated: torch.nn.Module | None  # rank 0's copy of the model it scores
     params: list[torch.nn.Parameter]
     flat: torch.Tensor
-    stream: Iterator[Batch]
-    anchor: list[torch.Tensor]
-    outer: torch.optim.Optimizer | None
+    stream: ResizedBatches
+    outer: Outer | None
+    inner: list[int]  # each rank's steps per sync: 1, or its inner steps in the diloco modes
+    balance: Balance | None
 
     @property
     def batch(self) -> int:
@@ -181,11 +149,11 @@ class Rank:
 
     @property
     def diloco(self) -> bool:
-        return self.cfg.mode == "diloco"
+        return self.cfg.mode.startswith("diloco")
 
     @property
     def numel(self) -> int:
-        return len(self.flat) - 2
+        return len(self.flat) - CONTROL - (len(self.balance.speeds) if self.balance else 0)
 
     def slot(self, index: int) -> bool:
         """Whether rank 0 set control slot `index` in the last all-reduce."""
@@ -200,6 +168,10 @@ class Progress:
     clock_start: float = 0.0
     paused: float = 0.0  # evaluation pauses, excluded from training time
     steps: int = 0
+    last_sync: int = 0  # `steps` at the last sync
+    syncs: int = 0
+    samples: int = 0  # this rank's, counted at syncs ...
+    trained: int = 0  # ... and every rank's
     compute_s: float = 0.0
     comm_s: float = 0.0
     reduce_start: float = 0.0  # this step's all-reduce: its start and end
@@ -214,8 +186,8 @@ def train(rank: int, cfg: Config) -> dict[str, Any]:
     """Run one rank's training loop and return its measurements (rank 0: also the curve)."""
     torch.set_num_threads(1)  # N ranks share the CPU; one thread each keeps them honest
     _join_group(rank, cfg)
-    r = _setup(rank, cfg)
     state = Progress(next_eval=cfg.eval_every)
+    r = _setup(rank, cfg, state.train_time)
     if rank == 0:
         state.curve.append({"t": 0.0, "samples": 0, **r.task.evaluate(r.model)})
     dist.barrier()  # everyone is ready: start-up ends here
@@ -225,11 +197,13 @@ def train(rank: int, cfg: Config) -> dict[str, Any]:
         hook = (lambda: _pace(r, began)) if r.diloco else (lambda: _reduce_gradients(r, state, began))
         train_step(r.task, r.model, r.optimizer, next(r.stream), before_update=hook)
         state.steps += 1
-        synced = not r.diloco or state.steps % cfg.local_steps == 0
+        synced = state.steps - state.last_sync == r.inner[rank]
         if r.diloco:
             state.reduce_start = state.reduce_end = time.monotonic()
             if synced:
                 _outer_step(r, state)
+        if synced:
+            _count_sync(r, state)
         r.average.update(r.model)
         eval_due, stop = synced and r.slot(EVAL_SLOT), synced and r.slot(STOP_SLOT)
         ended = time.monotonic()
@@ -253,13 +227,15 @@ def _join_group(rank: int, cfg: Config) -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=n, timeout=timeout)
 
 
-def _setup(rank: int, cfg: Config) -> Rank:
-    """Build the rank's model (rank 0's, broadcast), optimizers, data stream and buffer."""
+def _setup(rank: int, cfg: Config, clock: Callable[[], float]) -> Rank:
+    """Build the rank's model (rank 0's, broadcast), optimizers, data stream, buffer and pacing (on `clock`)."""
     task: Task = load_task(cfg.task)
     batches = batch_sizes(task.batch_size, cfg.slowdowns, cfg.mode)
-    # Equal: plain mean over ranks. Proportional: sample-weighted mean over all rows.
-    n = len(cfg.slowdowns)
-    weight, total_weight = (float(batches[rank]), float(sum(batches))) if cfg.mode == "proportional" else (1.0, float(n))
+    n, speeds = len(cfg.slowdowns), [1.0 / s for s in cfg.slowdowns]
+    inner = [cfg.local_steps] * n if cfg.mode == "diloco" else [1] * n
+    if cfg.mode == "diloco-proportional":
+        inner = steps_split(cfg.local_steps, speeds)
+    balance = Balance(speeds) if cfg.mode in ("adaptive", "diloco-proportional") else None
     model = task.build_model()
     with torch.no_grad():  # start identical even if a task's init were not seeded (as DDP does)
         for t in itertools.chain(model.parameters(), model.buffers()):
@@ -271,22 +247,49 @@ def _setup(rank: int, cfg: Config) -> Rank:
     evaluated = copy.deepcopy(model) if rank == 0 else None
     torch.manual_seed(1000 * cfg.seed + rank)  # per-rank randomness (dropout etc.)
     params = [p for p in model.parameters() if p.requires_grad]
-    flat = torch.zeros(sum(p.numel() for p in params) + 2, dtype=params[0].dtype)
-    stream = resized_batches(iter(task.train_batches(shard=slot_of(cfg, rank) + 1000 * cfg.seed)), batches[rank])
-    anchor: list[torch.Tensor] = []
-    outer = None
-    if cfg.mode == "diloco":  # the shared anchor is what the outer optimizer steps
-        anchor = [p.detach().clone().requires_grad_(True) for p in params]
-        outer = torch.optim.SGD(anchor, lr=cfg.outer_lr, momentum=cfg.outer_momentum, nesterov=cfg.outer_momentum > 0)
+    flat = torch.zeros(sum(p.numel() for p in params) + CONTROL + (n if balance else 0), dtype=params[0].dtype)
+    stream = ResizedBatches(iter(task.train_batches(shard=slot_of(cfg, rank) + 1000 * cfg.seed)), batches[rank])
+    outer = Outer(params, cfg.outer_lr, cfg.outer_momentum) if cfg.mode.startswith("diloco") else None
+    pacing = Pacing(cfg.slowdowns[rank], cfg.step_time_ms)
+    if cfg.trace is not None:  # `run_sync` checks that a traced run has step_time_ms
+        peer = cfg.trace.peers[slot_of(cfg, rank)]
+        pacing = TracedPacing(peer, cfg.step_time_ms, clock=clock)  # type: ignore[arg-type]
     return Rank(
-        rank, cfg, task, batches, Pacing(cfg.slowdowns[rank], cfg.step_time_ms), weight, total_weight,
-        model, optimizer, average, evaluated, params, flat, stream, anchor, outer,
+        rank, cfg, task, batches, pacing, *_weights(cfg.mode, rank, inner, batches),
+        model, optimizer, average, evaluated, params, flat, stream, outer, inner, balance,
     )  # fmt: skip
 
 
+def _weights(mode: str, rank: int, inner: list[int], batches: list[int]) -> tuple[float, float]:
+    """This rank's weight in the all-reduce and the total: equal and diloco take the plain mean over
+    ranks, the other modes the sample-weighted one (a rank's samples per sync over everyone's)."""
+    if mode in ("equal", "diloco"):
+        return 1.0, float(len(batches))
+    return float(inner[rank] * batches[rank]), float(sum(h * b for h, b in zip(inner, batches)))
+
+
+def _count_sync(r: Rank, state: Progress) -> None:
+    """Count a sync's samples; in the rebalancing modes, re-split by the speeds just shared when one is due."""
+    state.syncs += 1
+    state.last_sync = state.steps
+    state.samples += r.inner[r.rank] * r.batch
+    state.trained += sum(h * b for h, b in zip(r.inner, r.batches))
+    if r.balance is None or (not r.diloco and state.syncs % r.cfg.rebalance_every):
+        return
+    speeds = r.balance.update(r.flat[r.numel + CONTROL :])
+    if r.diloco:
+        r.inner = steps_split(r.cfg.local_steps, speeds)
+    else:  # the stream's next batch has the new size
+        r.batches = proportional_split(r.task.batch_size * len(r.batches), speeds)
+        r.stream.size = r.batch
+    r.weight, r.total_weight = _weights(r.cfg.mode, r.rank, r.inner, r.batches)
+
+
 def _pace(r: Rank, began: float) -> None:
-    """The emulated device's extra time for this step's compute."""
+    """The emulated device's extra time for this step's compute (timed, padding included, when rebalancing)."""
     time.sleep(r.pacing.padding(time.monotonic() - began, r.batch))
+    if r.balance is not None:
+        r.balance.add(time.monotonic() - began, r.batch)
 
 
 def _all_reduce(r: Rank, state: Progress) -> None:
@@ -297,8 +300,13 @@ def _all_reduce(r: Rank, state: Progress) -> None:
         stop = now >= r.cfg.duration
         r.flat[r.numel + EVAL_SLOT] = float(stop or now >= state.next_eval)  # always evaluate at the end
         r.flat[r.numel + STOP_SLOT] = float(stop)
+    if r.balance is not None:
+        r.balance.write(r.flat[r.numel + CONTROL :], r.rank)
     state.reduce_start = time.monotonic()
-    dist.all_reduce(r.flat)  # waits for the slowest rank
+    if r.diloco and r.cfg.outer_wire == "int8":
+        all_reduce_int8(r.flat, r.numel)
+    else:
+        dist.all_reduce(r.flat)  # waits for the slowest rank
     state.reduce_end = time.monotonic()
 
 
@@ -312,17 +320,11 @@ def _reduce_gradients(r: Rank, state: Progress, began: float) -> None:
 
 @torch.no_grad()
 def _outer_step(r: Rank, state: Progress) -> None:
-    """DiLoCo's sync: the mean pseudo-gradient (anchor − parameters) steps the anchor; every rank restarts from it."""
+    """DiLoCo's sync: the weighted mean pseudo-gradient (anchor − parameters) steps the anchor; all restart from it."""
     assert r.outer is not None
-    offset = 0
-    for a, p in zip(r.anchor, r.params):
-        r.flat[offset : offset + p.numel()].copy_(a.reshape(-1)).sub_(p.reshape(-1))
-        offset += p.numel()
+    r.outer.pseudo_gradient(r.params, r.flat, r.weight)
     _all_reduce(r, state)
-    unpack(r.anchor, r.flat, float(len(r.cfg.slowdowns)))  # type: ignore[arg-type]
-    r.outer.step()
-    for a, p in zip(r.anchor, r.params):
-        p.copy_(a)
+    r.outer.step(r.params, r.flat, r.total_weight)
 
 
 def _evaluate(r: Rank, state: Progress, stopped: float) -> bool:
@@ -333,7 +335,7 @@ def _evaluate(r: Rank, state: Progress, stopped: float) -> bool:
         assert r.evaluated is not None
         t_eval = stopped - state.clock_start - state.paused
         r.evaluated.load_state_dict(r.average.averaged(r.model))
-        point = {"t": t_eval, "samples": state.steps * sum(r.batches), **r.task.evaluate(r.evaluated)}
+        point = {"t": t_eval, "samples": state.trained, **r.task.evaluate(r.evaluated)}
         state.curve.append(point)
         metric, target = r.task.metric, r.cfg.target
         if target is not None and metric.reached(point[metric.name], target) and point["samples"] >= r.cfg.min_samples:
@@ -354,19 +356,22 @@ def _measurements(r: Rank, state: Progress) -> dict[str, Any]:
         "slowdown": r.pacing.slowdown,
         "batch": r.batch,
         "steps": steps,
-        "samples": steps * r.batch,
+        "samples": state.samples,
+        "local_steps": r.inner[r.rank],  # the last round's (1 outside the diloco modes)
         "compute_s": state.compute_s,
         "comm_s": state.comm_s,
         "wall_s": wall,
         "idle_fraction": 1.0 - state.compute_s / wall if wall > 0 else 0.0,
-        # ring all-reduce: each rank sends 2 (n-1)/n of the gradient per step (diloco: per sync)
-        "bytes_sent": int((steps // r.cfg.local_steps if r.diloco else steps) * 2 * (n - 1) / n * grad_bytes),
+        # ring all-reduce: each rank sends 2 (n-1)/n of the gradient per sync; int8: see lab.diloco
+        "bytes_sent": state.syncs * int8_bytes(r.numel, len(r.flat) - r.numel, n)
+        if r.diloco and r.cfg.outer_wire == "int8" else int(state.syncs * 2 * (n - 1) / n * grad_bytes),
     }
     if r.rank == 0:
         metric = r.task.metric
         out.update(
             curve=state.curve, clock_start=state.clock_start, eval_s=state.paused, task=r.task.name, metric=metric.name,
             higher_is_better=metric.higher_is_better, batch_size=r.task.batch_size, batches=r.batches,
+            inner_steps=r.inner, rebalances=r.balance.count if r.balance else 0,
         )  # fmt: skip
     return out
 

@@ -86,7 +86,7 @@ def test_a_task_with_a_fixed_budget_reads_every_method_there_not_where_sync_equa
 def test_swarm_peers_are_started_with_one_torch_thread_each(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Stand-in processes that record what `murmur run` would be told, and have already exited:
     # the run stops at once, and the lab's and murmur's own parsers read the recorded command lines.
-    from lab import bench, swarm
+    from lab import bench_murmur, swarm
     from lab.peer import build_lab_parser
     from murmur.node.ops.run import build_run_parser
 
@@ -106,7 +106,7 @@ def test_swarm_peers_are_started_with_one_torch_thread_each(tmp_path: Path, monk
 
     monkeypatch.setattr(swarm, "ForkedPeer", Exited)
     with pytest.raises(RuntimeError, match="peer 0 exited"):
-        bench.run_murmur("digits", [1.0, 2.0], "murmur-work", 3, 5.0, tmp_path / "run", ema_decay=0.5)
+        bench_murmur.run_murmur("digits", [1.0, 2.0], "murmur-work", 3, 5.0, tmp_path / "run", ema_decay=0.5)
     assert [argv[0] for argv in started] == ["run", "run"]
     split = [build_lab_parser().parse_known_args(argv) for argv in started]  # what `python -m lab.peer` reads
     assert all(lab.record_params and lab.step_time == 20.0 and lab.start_file for lab, _ in split)
@@ -155,12 +155,20 @@ def test_the_sweep_brackets_the_rate_each_method_trains_at_now() -> None:
     from lab.bench_config import SWEEP, TASKS
 
     runs = task_runs("digits", SWEEP)
-    assert runs[0] == ("ideal", None)
+    assert runs[0] == ("ideal", None, None)
     for method, _ in SWEEP["runs"]:
         chosen = TASKS["digits"]["lr_scale"].get(method, 1.0)
-        assert sorted(s for m, s in runs if m == method) == [chosen / 4, chosen / 2, chosen, chosen * 2, chosen * 4]
+        assert sorted(s for m, s, _ in runs if m == method) == [chosen / 4, chosen / 2, chosen, chosen * 2, chosen * 4]
     named = {**SWEEP, "runs": [("murmur", 0.5)]}
-    assert task_runs("digits", named) == [("ideal", None), *((("murmur", 0.5 * f)) for f in SWEEP["lr_factors"])]
+    assert task_runs("digits", named) == [("ideal", None, None), *((("murmur", 0.5 * f, None)) for f in SWEEP["lr_factors"])]
+
+
+def test_an_h_sweep_runs_each_diloco_method_at_each_h() -> None:
+    from lab.bench import task_runs
+
+    config = {"runs": [("sync-equal", None), ("diloco", None), ("diloco-proportional", 0.5)], "local_steps": [8, 32]}
+    assert task_runs("charlm", config) == [("ideal", None, None), ("sync-equal", None, None), ("diloco", None, 8),
+                                           ("diloco", None, 32), ("diloco-proportional", 0.5, 8), ("diloco-proportional", 0.5, 32)]
 
 
 def test_a_sweep_of_named_points_runs_exactly_those(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -169,7 +177,7 @@ def test_a_sweep_of_named_points_runs_exactly_those(monkeypatch: pytest.MonkeyPa
     seen = []
     monkeypatch.setattr(bench, "run_bench", lambda config, out: seen.append(config))
     assert bench_cli.main(["--sweep-lr", "--tasks", "digits", "--methods", "murmur@2,sync-equal", "--out", str(tmp_path)]) == 0
-    assert bench.task_runs("digits", seen[0]) == [("ideal", None), ("murmur", 2.0), ("sync-equal", None)]
+    assert bench.task_runs("digits", seen[0]) == [("ideal", None, None), ("murmur", 2.0, None), ("sync-equal", None, None)]
     assert seen[0]["sweep"]
 
 
@@ -198,7 +206,7 @@ def test_without_a_fixed_budget_every_run_after_sync_equal_trains_as_far_as_it_n
 
     asked = []
 
-    def fake(task, slowdowns, method, seed, max_s, root, scale, caps, decay, min_samples):  # noqa: ANN001
+    def fake(task, slowdowns, method, seed, max_s, root, scale, caps, decay, min_samples, trace, target, local_steps, same_init):  # noqa: ANN001
         asked.append((method, min_samples))
         curve = [{"t": 0.0, "samples": 0, "loss": 5.0}, {"t": 9.0, "samples": 4096, "loss": 2.4}]
         return {"task": task, "method": method, "samples_per_s": 500.0, "time_to_target": 9.0 if method == "sync-equal" else 3.0,
@@ -209,3 +217,23 @@ def test_without_a_fixed_budget_every_run_after_sync_equal_trains_as_far_as_it_n
               "runs": [("sync-equal", None), ("murmur", None)]}
     bench.run_bench(config, tmp_path)
     assert asked == [("ideal", 0), ("sync-equal", 0), ("murmur", 4096)]
+
+
+def test_the_median_counts_peers_while_the_trace_has_them_and_their_samples_for_good() -> None:
+    from types import SimpleNamespace
+
+    from lab.bench_murmur import median_curve
+    from lab.traces import Event, PeerTrace, Trace
+
+    def peer(index: int, points: list[tuple[float, float, int]]) -> SimpleNamespace:
+        records = [{"t": 1000 + t, "loss": loss, "samples": n} for t, loss, n in points]
+        return SimpleNamespace(index=index, metrics=lambda: records)
+
+    still = PeerTrace((0.0,), (1.0,))
+    trace = Trace((still, still, still), (Event(1.5, 1, "crash"), Event(2.0, 2, "join")))
+    peers = [peer(0, [(0, 5.0, 0), (1, 4.0, 10), (2, 3.0, 20), (3, 2.0, 30)]),
+             peer(1, [(0, 9.0, 0), (1, 8.0, 50)]),  # crashed at 1.5: out of the median, its 50 samples stay
+             peer(2, [(2, 1.0, 0), (3, 0.0, 7)])]  # fmt: skip
+    curve = median_curve(peers, "loss", 1000.0, 1.0, trace)
+    assert [(c["t"], c["value"], c["samples"]) for c in curve] == [(0.0, 7.0, 0), (1.0, 6.0, 60), (2.0, 2.0, 70), (3.0, 1.0, 87)]
+    assert median_curve([peers[0], peer(1, [])], "loss", 1000.0, 1.0, Trace((still, still))) == []  # until all have evaluated

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import bench, bench_cli, swarm
+from lab import bench, bench_cli, bench_murmur, swarm
 from lab.bench_config import SLOW_LINK, SLOW_LINK_UNEVEN, at_chosen_lr
 from lab.bench_report import summarize
 from lab.links import LinkSpecError, caps_for, links_unavailable_reason, parse_link_mbit
@@ -169,7 +169,7 @@ def test_over_links_peers_listen_on_their_namespace_address_and_bootstrap_to_pee
     monkeypatch.setattr(swarm, "ForkedPeer", _Exited)
     links = [_Namespace("mb1-p0", "10.9.0.1"), _Namespace("mb1-p1", "10.9.0.2")]
     with pytest.raises(RuntimeError, match="peer 0 exited"):
-        bench.run_murmur("charlm-large", [1.0, 2.0], "murmur", 0, 5.0, tmp_path / "run", links=links)
+        bench_murmur.run_murmur("charlm-large", [1.0, 2.0], "murmur", 0, 5.0, tmp_path / "run", links=links)
     peers = [ns.adopted[0] for ns in links]
     assert [p.kwargs["netns"] for p in peers] == ["mb1-p0", "mb1-p1"]  # each peer forks into its own namespace
     argvs = [p.args[0] for p in peers]

@@ -75,3 +75,31 @@ async def test_the_hooks_pace_gate_scale_and_record_around_a_node(tmp_path: Path
     assert node.stats.steps <= 21  # 50 ms a step, for a second
     history = torch.load(node.config.data_dir / PARAMS_FILE)
     assert len(history) == 2 and history[0][0] <= history[1][0]
+
+
+async def test_a_trace_paces_the_node_from_the_start_time(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.json"
+    trace.write_text('{"peers": [{"t": [0], "slowdown": [1]}, {"t": [0, 0.5], "slowdown": [2, 8]}]}')
+    start = time.time() + 0.2
+    args = build_lab_parser().parse_args(["--step-time", "10", "--start-at", str(start), "--trace", str(trace), "--trace-peer", "1"])
+    node = Node(NodeConfig(data_dir=tmp_path / "n", duration=0.1), MemoryNetwork().transport("n"))
+    async with hooks(args)(node):
+        assert node.start_gate is not None
+        await node.start_gate()
+        assert node.pacing.clock() == pytest.approx(time.time() - start, abs=0.05)
+        assert node.pacing.step_duration(0.001, 0.001, 32) == pytest.approx(0.02)  # ×2 until 0.5 s in
+
+
+def test_a_bad_trace_or_trace_peer_is_refused_before_anything_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    trace = tmp_path / "trace.json"
+    trace.write_text('{"peers": [{"t": [0], "slowdown": [0]}]}')
+    with pytest.raises(SystemExit):
+        main(["--step-time", "10", "--trace", str(trace), "run"])
+    assert "peers[0].slowdown: 0 must be positive" in capsys.readouterr().err
+    trace.write_text('{"peers": [{"t": [0], "slowdown": [1]}]}')
+    with pytest.raises(SystemExit):
+        main(["--step-time", "10", "--trace", str(trace), "--trace-peer", "1", "run"])
+    assert "--trace-peer 1: the trace has peers 0..0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--trace", str(trace), "run"])
+    assert "--trace needs --step-time" in capsys.readouterr().err

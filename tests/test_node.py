@@ -122,3 +122,23 @@ async def test_node_prints_listen_then_announced_addresses(tmp_path: Path, capsy
     assert f"murmur: announcing /dns4/node.example.org/tcp/4001/p2p/{node.peer_id}" in lines
     written = (tmp_path / "addrs.txt").read_text().split()
     assert written == [listening[0].split()[-1], f"/dns4/node.example.org/tcp/4001/p2p/{node.peer_id}"]
+
+
+async def test_a_peer_that_stops_hands_its_unmerged_work_to_a_partner_first(tmp_path: Path) -> None:
+    net = MemoryNetwork()
+
+    def make(name: str, bootstrap: list[str]) -> Node:  # no periodic merges: only the parting one
+        return Node(NodeConfig(data_dir=tmp_path / name, bootstrap=bootstrap, average_every=1e9, gossip_every=0.1), net.transport(name))
+
+    stays = make("stays", [])
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            addrs = await tg.start(stays.run)
+            leaves = make("leaves", [addrs[0]])
+            async with anyio.create_task_group() as leaving:
+                leaving.start_soon(leaves.run)
+                leaving.start_soon(stop_when, [leaves], lambda: leaves.replica.samples > 0 and bool(leaves.table.members))
+            merged = stays.averager.outcomes[Result.MERGED]  # before `stays` stops
+            stays.request_stop()
+    assert leaves.averager.outcomes[Result.MERGED] == 1 == merged
+    assert leaves.replica.fresh == 0  # its work went into the partner's model

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from typing import Iterator
 
 import pytest
 import torch
@@ -31,20 +30,6 @@ def test_batch_sizes() -> None:
     assert sr.batch_sizes(1, [1, 100], "proportional") == [2, 1]  # never below 1
     with pytest.raises(ValueError):
         sr.batch_sizes(32, [1], "bogus")
-
-
-def test_resized_batches_keeps_row_order() -> None:
-    def stream() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        start = 0
-        while True:
-            yield torch.arange(start, start + 4).float().unsqueeze(1), torch.arange(start, start + 4)
-            start += 4
-
-    got = sr.resized_batches(stream(), 6)
-    for k in range(3):
-        x, y = next(got)
-        assert x.shape == (6, 1)
-        assert y.tolist() == list(range(6 * k, 6 * k + 6))
 
 
 def test_sample_weighted_all_reduce_in_train_step_equals_one_step_on_all_samples() -> None:

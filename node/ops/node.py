@@ -149,6 +149,7 @@ class Node:
         """Run until `request_stop`, cancellation or `duration`; `task_status.started` gets the addresses.
 
         On a requested stop or the end of `duration` the host stays up while the node
+        hands its unmerged work to a partner (one exchange, bounded by the exchange timeout),
         tells its neighbours it is leaving and checkpoints; after a plain cancellation
         the goodbye is best effort (the host is going away too), bounded by 3 s.
         """
@@ -172,12 +173,20 @@ class Node:
                         tg.start_soon(self._report_status)
                         await self._serve(cfg)
                         tg.cancel_scope.cancel()
+                with anyio.CancelScope(shield=True), anyio.move_on_after(self.averager.timeout_s):
+                    await self._parting_merge()
             finally:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(3):
                     await self.membership.announce_leaving()
                 with anyio.CancelScope(shield=True):
                     await self.save_checkpoint()
                 self.write_status()
+
+    async def _parting_merge(self) -> None:
+        """One last exchange, if this peer trained since its last merge: a peer that leaves takes none of its work with it."""
+        if self.replica.fresh > 0:
+            outcome = await self.averager.average_once()
+            log.info("parting merge with %s: %s (%s)", outcome.partner or "no one", outcome.result, outcome.reason)
 
     async def _serve(self, cfg: NodeConfig) -> None:
         if cfg.bootstrap:
