@@ -53,10 +53,10 @@ import os
 import queue
 import sys
 import time
-from dataclasses import asdict
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -65,9 +65,10 @@ from lab.diloco import WIRES
 from lab.links import LINK_DEVICE
 from lab.netns import Netns
 from lab.swarm import ForkedProcess, stop_processes
-from lab.sync_rank import HOST, MODES, Config, run_rank, worker
+from lab.sync_config import HOST, MODES, Config
+from lab.sync_rank import run_rank, worker
+from lab.sync_report import PEER_KEYS, result_of, summary
 from lab.traces import Trace, TraceError, load
-from murmur.node.learn.tasks.task import Metric
 
 RANK_MODULE = "lab.sync_rank"  # what the ranks' fork server preloads
 STORE_PORT = 29500  # over links: rank 0's namespace is new and empty, so a fixed port is free there
@@ -214,7 +215,7 @@ def run_sync(
         outputs = _run_in_namespaces(cfg, links, work_dir, deadline)
     else:
         outputs = _run_forked(cfg, store, deadline)
-    return _result(cfg, outputs, begin)
+    return result_of(cfg, outputs[0], [{k: outputs[r][k] for k in PEER_KEYS} for r in range(len(outputs))], begin)
 
 
 def _run_forked(cfg: Config, store: dist.TCPStore, deadline: float) -> dict[int, dict[str, Any]]:
@@ -283,91 +284,6 @@ def _failure(work_dir: Path, out: Path, rank: int) -> str:
         return error.read_text()
     log = work_dir / f"rank{rank}.log"
     return log.read_text()[-2000:] if log.exists() else "(no log)"
-
-
-def _result(cfg: Config, outputs: dict[int, dict[str, Any]], begin: float) -> dict[str, Any]:
-    """The results dict of `run_sync` from the ranks' outputs."""
-    n = len(cfg.slowdowns)
-    mode, target, step_time_ms, eval_every, seed = cfg.mode, cfg.target, cfg.step_time_ms, cfg.eval_every, cfg.seed
-    head = outputs[0]
-    curve = head["curve"]
-    metric = Metric(head["metric"], head["higher_is_better"])
-    time_to_target = None
-    if target is not None:
-        time_to_target = next((pt["t"] for pt in curve if metric.reached(pt[metric.name], target)), None)
-    peer_keys = (
-        "rank", "slowdown", "batch", "steps", "samples", "local_steps", "compute_s", "comm_s", "wall_s", "idle_fraction",
-        "bytes_sent",
-    )  # fmt: skip
-    peers = [{k: outputs[r][k] for k in peer_keys} for r in range(n)]
-    total = sum(p["samples"] for p in peers)
-    return {
-        "method": mode if mode.startswith("diloco") else f"sync-{mode}",
-        "task": head["task"],
-        "mode": mode,
-        "metric": head["metric"],
-        "higher_is_better": head["higher_is_better"],
-        "slowdowns": list(cfg.slowdowns),
-        "step_time_ms": step_time_ms,
-        "target": target,
-        "eval_every": eval_every,
-        "seed": seed,
-        "batch_size": head["batch_size"],
-        "steps": head["steps"],
-        "curve": curve,
-        "time_to_target": time_to_target,
-        "samples": total,
-        "samples_per_s": total / head["wall_s"] if head["wall_s"] > 0 else 0.0,
-        "peers": peers,
-        "wall_s": head["wall_s"],
-        # time.monotonic is one system-wide clock on Linux, so parent and rank readings compare
-        "startup_s": head["clock_start"] - begin,
-        "eval_s": head["eval_s"],
-        "local_steps": cfg.local_steps,
-        "inner_steps": head["inner_steps"],
-        "outer_lr": cfg.outer_lr,
-        "outer_wire": cfg.outer_wire,
-        "rebalance_every": cfg.rebalance_every,
-        "rebalances": head["rebalances"],
-        "batches": head["batches"],
-        "config": {
-            **{k: v for k, v in asdict(cfg).items() if k not in ("port", "trace")},
-            "trace": cfg.trace.to_json() if cfg.trace is not None else None,
-        },
-    }
-
-
-# ------------------------------------------------------------------------------ CLI
-
-
-def summary(result: dict[str, Any]) -> str:
-    """Return a short human-readable summary of a `run_sync` result."""
-    metric = result["metric"]
-    final = f"  final {metric} {result['curve'][-1][metric]:.4f}"
-    if result["target"] is not None:
-        ttt = result["time_to_target"]
-        final += f"; time to {metric} {result['target']}: " + ("not reached" if ttt is None else f"{ttt:.2f} s")
-    lines = [
-        f"{result['method']} on {result['task']}: {len(result['peers'])} ranks, slowdowns {result['slowdowns']}, "
-        f"step_time_ms {result['step_time_ms']}",
-        f"  train {result['wall_s']:.1f} s (excluded: startup {result['startup_s']:.1f} s, "
-        f"eval {result['eval_s']:.2f} s), "
-        f"{result['steps']} steps, {result['samples']} samples, {result['samples_per_s']:.0f} samples/s",
-        final,
-        "  rank slowdown batch  samples compute_s  comm_s  idle  MB_sent",
-    ]
-    if result["mode"].startswith("diloco"):
-        lines.insert(3, f"  inner steps {result['inner_steps']} (local_steps {result['local_steps']}), "
-                        f"outer_lr {result['outer_lr']:g}, outer wire {result['outer_wire']}")
-    elif result["mode"] == "adaptive":
-        lines.insert(3, f"  {result['rebalances']} rebalances (every {result['rebalance_every']} steps), "
-                        f"last batches {result['batches']}")
-    for p in result["peers"]:
-        lines.append(
-            f"  {p['rank']:>4} {p['slowdown']:>8g} {p['batch']:>5} {p['samples']:>8} {p['compute_s']:>9.2f} "
-            f"{p['comm_s']:>7.2f} {p['idle_fraction']:>5.2f} {p['bytes_sent'] / 1e6:>8.1f}"
-        )
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
