@@ -15,11 +15,12 @@ once the generation has trained a step:
 
 Once every member has exited (or `pg_timeout_s` + `EXIT_GRACE_S` after the event; stragglers are killed), the
 agent picks the state to go on from (`choose_state`: the most advanced a member saved, else rank 0's periodic
-checkpoint, else the generation's own start) and starts the next generation with the new membership, whose
-proportional batches follow from it. Each restart is measured, not assumed (`Restart`). Training time runs on
-through restarts: the downtime is in it, as it is for a real job; only the first start-up is excluded. A restart
-from a checkpoint loses the steps after it: the curve keeps the evaluations made on them (the model did score that,
-then), so its samples step back there. A member that raises, or dies without an event, ends the run (`RankFailed`).
+checkpoint, else the generation's own start) and starts the next generation with the new membership, whose split
+(batches, diloco-proportional's inner steps, the rebalancing modes' speeds) starts again from its peers' trace
+slowdowns then. Each restart is measured, not assumed (`Restart`). Training time runs on through restarts: the
+downtime is in it, as it is for a real job; only the first start-up is excluded. A restart from a checkpoint loses
+the steps after it: the curve keeps the evaluations made on them (the model did score that, then), so its samples
+step back there. A member that raises, or dies without an event, ends the run (`RankFailed`).
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ import torch
 from lab.elastic_rank import Plan, member
 from lab.swarm import ForkedProcess
 from lab.sync_baseline import RankFailed, _free_store
-from lab.sync_rank import Config
+from lab.sync_config import Config
+from lab.sync_report import result_of
 from lab.traces import Event, Trace
-from murmur.node.learn.tasks.task import Metric
 
 CHECKPOINT_EVERY_S = 10.0  # rank 0's checkpoint interval, in training time: the fallback's worst loss
 EXIT_GRACE_S = 15.0  # after an event, on top of pg_timeout_s: for members to save and exit
@@ -63,6 +64,7 @@ class Candidate:
     samples: int
     path: str | None  # None: the fresh start (nothing saved yet)
     rank: int | None = None  # the member that saved it
+    kept: dict[str, list[int]] | None = None  # each rank's steps and rows in its generation (None: none)
 
 
 def schedule(trace: Trace) -> tuple[Event, ...]:
@@ -108,8 +110,9 @@ class Restart:
     """One re-formation of the group, as measured. Times are training time (seconds since the run's first barrier,
     evaluation pauses excluded): the event's in the trace (`t`), when the agent applied it, when the first member
     that goes on stopped training (`detected_t`), when the new group passed its barrier (`resumed_t`) and trained
-    its first step (`first_step_t`); `downtime_s` runs from applied to that first step. `steps_lost`: steps some
-    member completed that the restored state lacks (the step in flight is lost on top; diloco: its inner steps)."""
+    its first step (`first_step_t`); `downtime_s` runs from applied to that first step (or, if the new group never
+    trained, to its end). `steps_lost`: group steps some member completed that the restored state lacks (the step in
+    flight is lost on top; the diloco modes count a round as `local_steps` and lose the inner steps since a sync)."""
 
     generation: int  # the generation it started
     event: str  # the actions applied together, "+"-joined: "crash", "leave", "crash+join"...
@@ -131,13 +134,14 @@ class Restart:
     downtime_s: float | None = None
     clock: float = field(default=0.0, repr=False)  # origin + pauses: monotonic time minus training time
 
-    def resumed(self, progress: dict[str, Any]) -> None:
-        """Fill in from the next generation's progress file when it formed and trained its first step."""
+    def resumed(self, progress: dict[str, Any], ended: float) -> None:
+        """Fill in from the next generation's progress file when it formed and trained its first step; a group that
+        never trained was down until that generation `ended` (monotonic)."""
         if progress:
             self.resumed_t = progress["started"] - self.clock
             if progress.get("first_step") is not None:
                 self.first_step_t = progress["first_step"] - self.clock
-                self.downtime_s = self.first_step_t - self.applied_t
+        self.downtime_s = (self.first_step_t if self.first_step_t is not None else ended - self.clock) - self.applied_t
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if k != "clock"}
@@ -150,6 +154,7 @@ class Totals:
     slot: int
     slowdown: float = 0.0
     batch: int = 0
+    local_steps: int = 1
     steps: int = 0
     samples: int = 0
     compute_s: float = 0.0
@@ -245,6 +250,7 @@ class Agent:
     checkpoint_every_s: float
     totals: dict[int, Totals] = field(default_factory=dict)
     restarts: list[Restart] = field(default_factory=list)
+    rebalances: int = 0  # the rebalancing modes' re-splits, over every generation
 
     def run(self, begin: float, deadline: float) -> dict[str, Any]:
         """Train through every generation; the `run_sync` result. Raises `RankFailed` as `run_sync` does."""
@@ -256,23 +262,22 @@ class Agent:
                         tuple(self.totals.get(s, Totals(s)).samples for s in members), str(curve),
                         str(self.root / "checkpoint.pt"), self.checkpoint_every_s)  # fmt: skip
             t_start = self.restarts[-1].applied_t if self.restarts else 0.0
-            cfg = replace(self.cfg, min_samples=max(0, self.cfg.min_samples - start.samples))
-            gen = Generation(cfg, members, [_slowdown(self.trace, s, t_start) for s in members], plan)
+            gen = Generation(self.cfg, members, [_slowdown(self.trace, s, t_start) for s in members], plan)
             try:
                 applied, pending = self._supervise(gen, pending, deadline)
             finally:
                 gen.close()
             outcomes, progress = gen.outcomes(), gen.progress() or {}
             if self.restarts:
-                self.restarts[-1].resumed(progress)
+                self.restarts[-1].resumed(progress, gen.ended)
             done = [o for o in outcomes.values() if o is not None and o["kind"] == "done"]
             if done:  # training is over, whatever was applied as it ended
-                self._account(gen, outcomes, progress, done[0]["step"] - start.step)
+                self._account(gen, outcomes, done[0]["kept"])
                 return self._result(done[0], _curve(curve), begin)
             if not applied:
                 raise RankFailed(f"generation {number} ended with no event applied: {outcomes}")
-            chosen, why = self._choose(outcomes, start)
-            self._account(gen, outcomes, progress, chosen.step - start.step)
+            chosen, why = self._choose(outcomes, start, number)
+            self._account(gen, outcomes, chosen.kept)
             after = membership(members, [e for e, _, _ in applied])
             self._restart(applied, outcomes, progress, chosen, why, members, after, gen.ended)
             members, start = after, chosen
@@ -304,31 +309,38 @@ class Agent:
         gen.ended = time.monotonic()
         return applied, pending
 
-    def _choose(self, outcomes: dict[int, dict[str, Any] | None], start: Candidate) -> tuple[Candidate, str]:
-        candidates = [Candidate("survivor", o["step"], o["samples"], o["state"], r)
+    def _choose(self, outcomes: dict[int, dict[str, Any] | None], start: Candidate,
+                generation: int) -> tuple[Candidate, str]:  # fmt: skip
+        candidates = [Candidate("survivor", o["step"], o["samples"], o["state"], r, o["kept"])
                       for r, o in outcomes.items() if o is not None and o.get("state")]  # fmt: skip
         checkpoint = self.root / "checkpoint.pt"
-        if checkpoint.exists():
+        if checkpoint.exists():  # an earlier generation's is no newer than this one's start
             saved = torch.load(checkpoint, weights_only=True)
-            candidates.append(Candidate("checkpoint", saved["step"], saved["samples"], str(checkpoint)))
-        chosen, why = choose_state([*candidates, replace(start, source="start", rank=None)])
+            if saved["generation"] == generation:
+                candidates.append(Candidate("checkpoint", saved["step"], saved["samples"], str(checkpoint),
+                                            kept=saved["kept"]))  # fmt: skip
+        chosen, why = choose_state([*candidates, replace(start, source="start", rank=None, kept=None)])
         if chosen.path is None:
             raise RankFailed(f"no state to restart from: {why}")
         return chosen, why
 
-    def _account(self, gen: Generation, outcomes: dict[int, dict[str, Any] | None], progress: dict[str, Any],
-                 kept: int) -> None:  # fmt: skip
-        """Add the generation to each slot's totals: `kept` group steps, and each member's measured times."""
-        batches = progress.get("batches") or [0] * len(gen.members)
+    def _account(self, gen: Generation, outcomes: dict[int, dict[str, Any] | None],
+                 kept: dict[str, list[int]] | None) -> None:  # fmt: skip
+        """Add the generation to each slot's totals: the steps and rows `kept` in the state the run goes on from (every
+        member counted every rank's alike), and each member's measured times."""
+        self.rebalances += max((o.get("rebalances", 0) for o in outcomes.values() if o), default=0)
         for r, slot in enumerate(gen.members):
             t = self.totals.setdefault(slot, Totals(slot))
-            t.slowdown, t.batch, t.generations = gen.cfg.slowdowns[r], batches[r], t.generations + 1
-            t.steps += kept
-            t.samples += kept * batches[r]
+            t.slowdown, t.generations = gen.cfg.slowdowns[r], t.generations + 1
+            if kept is not None and kept["steps"][r]:
+                t.steps += kept["steps"][r]
+                t.samples += kept["rows"][r]
+                t.batch = round(kept["rows"][r] / kept["steps"][r])  # a killed member's (the mean, when rebalanced)
             m = (outcomes.get(r) or {}).get("measurements")
             if m is None:  # killed: its samples count, its times in this generation are unknown
                 t.partial = True
                 continue
+            t.batch, t.local_steps = m["batch"], m["local_steps"]
             t.compute_s += m["compute_s"]
             t.comm_s += m["comm_s"]
             t.wall_s += m["wall_s"]
@@ -353,27 +365,12 @@ class Agent:
             len(before), len(after), before, after, clock=clock,
         ))  # fmt: skip
 
-    def _result(self, head: dict[str, Any], curve: list[dict[str, Any]], begin: float) -> dict[str, Any]:
+    def _result(self, done: dict[str, Any], curve: list[dict[str, Any]], begin: float) -> dict[str, Any]:
         """`run_sync`'s result over the whole run, plus "restarts" and each peer's "slot"."""
-        m = head["head"]
-        metric, target = Metric(m["metric"], m["higher_is_better"]), self.cfg.target
         peers = [self.totals[s].row() for s in sorted(self.totals)]
-        total, wall = sum(p["samples"] for p in peers), head["train_time"]
-        time_to_target = None
-        if target is not None:
-            time_to_target = next((pt["t"] for pt in curve if metric.reached(pt[metric.name], target)), None)
-        mode = self.cfg.mode
-        return {
-            "method": "diloco" if mode == "diloco" else f"sync-{mode}",
-            "task": m["task"], "mode": mode, "metric": m["metric"], "higher_is_better": m["higher_is_better"],
-            "slowdowns": list(self.cfg.slowdowns), "step_time_ms": self.cfg.step_time_ms, "target": target,
-            "eval_every": self.cfg.eval_every, "seed": self.cfg.seed, "batch_size": m["batch_size"],
-            "steps": head["step"], "curve": curve, "time_to_target": time_to_target,
-            "samples": total, "samples_per_s": total / wall if wall > 0 else 0.0, "peers": peers, "wall_s": wall,
-            "startup_s": m["clock_start"] - begin, "eval_s": m["eval_s"],
-            "config": {k: v for k, v in asdict(self.cfg).items() if k != "port"},
-            "restarts": [restart.to_json() for restart in self.restarts],
-        }  # fmt: skip
+        head = {**done["head"], "steps": done["step"], "curve": curve, "wall_s": done["train_time"],
+                "rebalances": self.rebalances}  # fmt: skip
+        return {**result_of(self.cfg, head, peers, begin), "restarts": [x.to_json() for x in self.restarts]}
 
 
 def run_elastic(cfg: Config, trace: Trace, begin: float, deadline: float, work_dir: Path | None = None,

@@ -1,23 +1,26 @@
 """One member of the elastic synchronous baseline (`lab.elastic`): a `lab.sync_rank` rank that can stop, save
 the group's state and start again from a saved one.
 
-A member trains as `lab.sync_rank.train` does (the same setup, step, all-reduce, evaluation and clock) with
-three differences:
+A member trains in `lab.sync_rank.loop` (the same setup, step, all-reduce, evaluation and clock as a sync rank;
+`Member.after_step` is its hook) with three differences:
 
-- it starts from a saved state when its plan names one: model, optimizers, weight average (rank 0), step and
-  sample counts, the clock's origin and pause total (so the run's time axis goes on across restarts) and the
-  next evaluation; its data stream skips the rows its peer (slot) already trained on;
+- it starts from a saved state when its plan names one: model, optimizers (the diloco modes: the anchor and outer
+  optimizer too), weight average (rank 0), group step and sample counts, the clock's origin and pause total (so the
+  run's time axis, which a trace's pacing follows, goes on across restarts) and the next evaluation; its data
+  stream skips the rows its peer (slot) already trained on. The split (batches, inner steps, a rebalancing mode's
+  speeds) starts again from the new membership's slowdowns;
 - it stops at a synced step boundary when asked (SIGTERM, from the agent) and when a collective fails because a
-  member died or left; either way it writes the state after the last step every rank completed, then exits 0.
-  Every rank takes the same step, so any member's state is the group's; the step in flight is lost (in mode
-  `diloco`, the round since the last sync);
+  member died or left; either way it writes the state after the last sync every rank completed, then exits 0.
+  Every rank takes the same step, so any member's state is the group's; the step in flight is lost (in the diloco
+  modes, the round since the last sync);
 - rank 0 appends each evaluation to the run's curve file as it makes it (the curve outlives rank 0), keeps a
   progress file the agent reads (clock origin and pauses, when the group trained again) and writes a checkpoint
   every `checkpoint_every_s` of training time, the fallback when no member could save.
 
 The outcome (`Plan.outcome(rank)`, JSON) says how the member ended: "done" (training is over), "stopped"
 (asked to), "interrupted" (a collective failed) or "lost" (the group never formed: nothing to save); a
-member that raised anything else writes its traceback next to it and exits 1.
+member that raised anything else writes its traceback next to it and exits 1. Its "kept" and a saved state's are
+each rank's steps and rows in this generation up to the state's sync, which the agent adds to each slot's totals.
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ import time
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +42,6 @@ import torch.distributed as dist
 
 from lab import sync_rank as sr
 from lab.sync_rank import Config, Progress, Rank
-from murmur.node.learn.step import train_step
 from murmur.node.learn.tasks import Batch
 
 _STOP = threading.Event()  # set by SIGTERM: save at the next synced step and exit
@@ -67,17 +68,6 @@ class Plan:
     @property
     def progress(self) -> Path:
         return Path(self.gen_dir) / "progress.json"
-
-
-@dataclass
-class Carried:
-    """What a generation inherits from the ones before: group step and sample counts, and the run's clock."""
-
-    step: int
-    samples: int
-    origin: float | None  # monotonic time of the run's first barrier; None before it
-    paused: float
-    next_eval: float
 
 
 def is_peer_failure(e: BaseException) -> bool:
@@ -122,20 +112,18 @@ def _run(rank: int, cfg: Config, plan: Plan) -> dict[str, Any]:
     """Form the group, restore, train until done, asked to stop or interrupted; return the outcome."""
     torch.set_num_threads(1)  # members share the CPU, as sync ranks do
     head = {"rank": rank, "slot": sr.slot_of(cfg, rank), "generation": plan.generation}
+    state = Progress(next_eval=cfg.eval_every)
     try:
         sr._join_group(rank, cfg)
-        r = sr._setup(rank, cfg)
+        r = sr._setup(rank, cfg, state.train_time)  # the trace's time is the run's training time, restarts and all
     except RuntimeError as e:
         if not is_peer_failure(e):
             raise
         return {**head, "kind": "lost", "why": _first_line(e), "stopped_at": time.monotonic()}
-    carried = _restore(r, plan) if plan.resume else Carried(0, 0, None, 0.0, cfg.eval_every)
-    if plan.rows[rank]:
-        r.stream = sr.resized_batches(skipped(r.stream, plan.rows[rank]), r.batch)
-    state = Progress(next_eval=carried.next_eval, paused=carried.paused)
-    if carried.origin is None and rank == 0:
+    step, origin = _restore(r, state, plan) if plan.resume else (0, None)
+    r.stream.stream = skipped(r.stream.stream, plan.rows[rank])
+    if origin is None and rank == 0:
         state.curve.append({"t": 0.0, "samples": 0, **r.task.evaluate(r.model)})
-        _append_curve(plan, state.curve, 0)
     try:
         dist.barrier()  # everyone is ready: start-up (a first generation's) or restart ends here
     except RuntimeError as e:
@@ -143,142 +131,145 @@ def _run(rank: int, cfg: Config, plan: Plan) -> dict[str, Any]:
             raise
         return {**head, "kind": "lost", "why": _first_line(e), "stopped_at": time.monotonic()}
     started = time.monotonic()
-    state.clock_start = started if carried.origin is None else carried.origin
-    return {**head, **_train(r, state, carried, plan, started)}
-
-
-def _train(r: Rank, state: Progress, carried: Carried, plan: Plan, started: float) -> dict[str, Any]:
-    """`lab.sync_rank.train`'s loop, which also stops and saves (see the module docstring)."""
-    cfg, progress = r.cfg, {"origin": state.clock_start, "paused": state.paused, "started": started,
-                            "first_step": None, "batches": r.batches, "step": carried.step}  # fmt: skip
-    if r.rank == 0:
-        write_json(plan.progress, progress)
-    next_checkpoint = state.train_time() + plan.checkpoint_every_s
-    kept = 0  # this generation's steps that every rank completed (diloco: up to the last sync)
-    written = len(state.curve)  # curve points already in the curve file
-    while True:
-        try:
-            began = time.monotonic()
-            hook = partial(sr._pace, r, began) if r.diloco else partial(sr._reduce_gradients, r, state, began)
-            train_step(r.task, r.model, r.optimizer, next(r.stream), before_update=hook)
-            state.steps += 1
-            synced = not r.diloco or state.steps % cfg.local_steps == 0
-            if r.diloco:
-                state.reduce_start = state.reduce_end = time.monotonic()
-                if synced:
-                    sr._outer_step(r, state)
-            if synced:
-                kept = state.steps
-            r.average.update(r.model)
-            eval_due, stop = synced and r.slot(sr.EVAL_SLOT), synced and r.slot(sr.STOP_SLOT)
-            ended = time.monotonic()
-            state.compute_s += (state.reduce_start - began) + (ended - state.reduce_end)
-            state.comm_s += state.reduce_end - state.reduce_start
-            if r.rank == 0 and progress["first_step"] is None:
-                progress["first_step"] = ended
-                write_json(plan.progress, progress)
-            if eval_due:
-                stop = sr._evaluate(r, state, ended) or stop
-                written = _append_curve(plan, state.curve, written, carried.samples)
-                if r.rank == 0:
-                    progress.update(paused=state.paused, step=carried.step + kept)
-                    write_json(plan.progress, progress)
-        except RuntimeError as e:
-            if not is_peer_failure(e):
-                raise
-            _append_curve(plan, state.curve, written, carried.samples)  # rank 0 may have scored before it failed
-            return _stopped(r, state, carried, plan, kept, started, "interrupted", _first_line(e))
-        if stop:
-            break
-        if synced and _STOP.is_set():
-            return _stopped(r, state, carried, plan, kept, started, "stopped", "asked to stop (SIGTERM)")
-        if r.rank == 0 and synced and state.train_time() >= next_checkpoint:
-            _save(r, state, carried, kept, Path(plan.checkpoint))
-            next_checkpoint = state.train_time() + plan.checkpoint_every_s
-    metric = r.task.metric
-    out = {"kind": "done", "stopped_at": time.monotonic(), "step": carried.step + kept,
-           "reached": carried.step + state.steps, "train_time": state.train_time(),
-           "measurements": _generation_measurements(r, state, kept, started),
-           # what the run's result says of the task and clock, from whichever member outlives the end
-           "head": {"task": r.task.name, "metric": metric.name, "higher_is_better": metric.higher_is_better,
-                    "batch_size": r.task.batch_size, "clock_start": state.clock_start,
-                    "eval_s": state.paused}}  # fmt: skip
+    state.clock_start = started if origin is None else origin
+    member = Member(r, state, plan, step, started)
+    try:
+        if not sr.loop(r, state, member.after_step):
+            return {**head, **member.stopped("stopped", "asked to stop (SIGTERM)")}
+    except RuntimeError as e:
+        if not is_peer_failure(e):
+            raise
+        member.write_curve()  # rank 0 may have scored before it failed
+        return {**head, **member.stopped("interrupted", _first_line(e))}
+    member.write_curve()
+    out = {**head, **member.outcome("done"), "train_time": state.train_time()}
     dist.destroy_process_group()
     return out
 
 
-def _stopped(r: Rank, state: Progress, carried: Carried, plan: Plan, kept: int, started: float, kind: str,
-             why: str) -> dict[str, Any]:  # fmt: skip
-    """Save the state after the last step every rank completed; the outcome of a member that stopped early."""
-    stopped_at = time.monotonic()
-    path = plan.state(r.rank)
-    _save(r, state, carried, kept, path)
-    return {"kind": kind, "why": why, "stopped_at": stopped_at, "state": str(path), "step": carried.step + kept,
-            "samples": carried.samples + kept * sum(r.batches), "reached": carried.step + state.steps,
-            "measurements": _generation_measurements(r, state, kept, started)}  # fmt: skip
+class Member:
+    """A member's side of `lab.sync_rank.loop`: counts what the group kept, keeps rank 0's files, saves.
+
+    Group steps are counted in syncs (times `local_steps` in the diloco modes, the fastest rank's inner steps);
+    `kept` holds each rank's steps and rows up to the last sync, as every rank counts them alike."""
+
+    def __init__(self, r: Rank, state: Progress, plan: Plan, step: int, started: float) -> None:
+        self.r, self.state, self.plan, self.step = r, state, plan, step  # `step`: group steps before this generation
+        self.started = started
+        self.split = (list(r.inner), list(r.batches))  # the split the next sync counts
+        self.kept = {"steps": [0] * len(r.batches), "rows": [0] * len(r.batches)}
+        self.tallied = 0  # syncs in `kept`
+        self.written = 0  # curve points already in the curve file
+        self.next_checkpoint = state.train_time() + plan.checkpoint_every_s
+        self.progress = {"origin": state.clock_start, "paused": state.paused, "started": self.started,
+                         "first_step": None, "batches": r.batches, "step": step}  # fmt: skip
+        if r.rank == 0:
+            write_json(plan.progress, self.progress)
+
+    def group_step(self) -> int:
+        return self.step + self.state.syncs * (self.r.cfg.local_steps if self.r.diloco else 1)
+
+    def after_step(self, synced: bool, evaluated: bool) -> bool:
+        """`loop`'s hook: tally a sync, record the first step and evaluations, checkpoint; leave when asked to."""
+        r, state = self.r, self.state
+        if r.rank == 0 and self.progress["first_step"] is None:
+            self.progress["first_step"] = state.reduce_end  # the group trained: the step's all-reduce is over
+            write_json(self.plan.progress, self.progress)
+        self.tally()
+        if evaluated:
+            self.write_curve()
+            if r.rank == 0:
+                self.progress.update(paused=state.paused, step=self.group_step())
+                write_json(self.plan.progress, self.progress)
+        if not synced:
+            return False
+        if _STOP.is_set():
+            return True
+        if r.rank == 0 and state.train_time() >= self.next_checkpoint:
+            self.save(Path(self.plan.checkpoint))
+            self.next_checkpoint = state.train_time() + self.plan.checkpoint_every_s
+        return False
+
+    def tally(self) -> None:
+        """Add a sync `loop` counted since the last tally (at most one: an evaluation that failed can come between)
+        to `kept`, as `state.trained` has it."""
+        if self.tallied < self.state.syncs:
+            for i, (h, b) in enumerate(zip(*self.split)):
+                self.kept["steps"][i] += h
+                self.kept["rows"][i] += h * b
+            self.split = (list(self.r.inner), list(self.r.batches))  # a rebalance at this sync sets the next one's
+            self.tallied = self.state.syncs
+
+    def write_curve(self) -> None:
+        """Append the points past those written to the run's curve file (rank 0's; their samples are the run's)."""
+        if self.written < len(self.state.curve):
+            with open(self.plan.curve, "a") as f:
+                f.writelines(json.dumps(point) + "\n" for point in self.state.curve[self.written :])
+            self.written = len(self.state.curve)
+
+    def outcome(self, kind: str) -> dict[str, Any]:
+        """What the agent reads of a member that ended as `kind`: the group's counts and this member's times."""
+        r, state = self.r, self.state
+        self.tally()
+        measured = sr._measurements(r, state)
+        wall = time.monotonic() - self.started  # this generation's, from when the group formed
+        idle = 1.0 - state.compute_s / wall if wall > 0 else 0.0
+        measured.update(steps=state.last_sync, wall_s=wall, idle_fraction=idle)
+        measured.pop("curve", None)
+        metric = r.task.metric
+        return {"kind": kind, "stopped_at": time.monotonic(), "step": self.group_step(), "samples": state.trained,
+                "reached": self.group_step() + state.steps - state.last_sync, "kept": self.kept,
+                "measurements": measured, "rebalances": r.balance.count if r.balance else 0,
+                # what the run's result says of the task and clock, from whichever member outlives the end
+                "head": {"task": r.task.name, "metric": metric.name, "higher_is_better": metric.higher_is_better,
+                         "batch_size": r.task.batch_size, "clock_start": state.clock_start, "eval_s": state.paused,
+                         "inner_steps": r.inner, "batches": r.batches}}  # fmt: skip
+
+    def stopped(self, kind: str, why: str) -> dict[str, Any]:
+        """Save the state after the last step every rank completed; the outcome of a member that stopped early."""
+        path = self.plan.state(self.r.rank)
+        self.save(path)
+        return {**self.outcome(kind), "why": why, "state": str(path)}
+
+    @torch.no_grad()
+    def save(self, path: Path) -> None:
+        """Write the group's state at the last sync to `path` (whole or not at all).
+
+        The diloco modes save the anchor (the model of the last sync) as the parameters, and the outer optimizer;
+        the inner optimizer's state is this member's, and every member of the next generation starts from it.
+        """
+        r, state = self.r, self.state
+        self.tally()
+        model = r.model.state_dict()
+        if r.outer is not None:
+            names = [name for name, p in r.model.named_parameters() if p.requires_grad]
+            model = {**model, **{name: a.detach() for name, a in zip(names, r.outer.anchor)}}
+        saved = {
+            "generation": self.plan.generation, "step": self.group_step(), "samples": state.trained, "kept": self.kept,
+            "origin": state.clock_start, "paused": state.paused, "next_eval": state.next_eval, "model": model,
+            "optimizer": r.optimizer.state_dict(), "outer": r.outer.optimizer.state_dict() if r.outer else None,
+            "average": r.average.averaged(r.model) if r.average.decay else None,
+        }  # fmt: skip
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(saved, tmp)
+        os.replace(tmp, path)
 
 
 @torch.no_grad()
-def _save(r: Rank, state: Progress, carried: Carried, kept: int, path: Path) -> None:
-    """Write the group's state after `kept` of this generation's steps to `path` (whole or not at all).
-
-    Mode diloco: the parameters saved are the anchor, the model of the last sync; the inner optimizer's state is
-    this member's, and every member of the next generation starts from it.
-    """
-    model = r.model.state_dict()
-    if r.diloco:
-        names = [name for name, p in r.model.named_parameters() if p.requires_grad]
-        model = {**model, **{name: a.detach() for name, a in zip(names, r.anchor)}}
-    saved = {
-        "step": carried.step + kept,
-        "samples": carried.samples + kept * sum(r.batches),
-        "origin": state.clock_start,
-        "paused": state.paused,
-        "next_eval": state.next_eval,
-        "model": model,
-        "optimizer": r.optimizer.state_dict(),
-        "outer": r.outer.state_dict() if r.outer is not None else None,
-        "average": r.average.averaged(r.model) if r.average.decay else None,
-    }
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(saved, tmp)
-    os.replace(tmp, path)
-
-
-@torch.no_grad()
-def _restore(r: Rank, plan: Plan) -> Carried:
-    """Load the plan's saved state into the rank; what the generation carries on from."""
+def _restore(r: Rank, state: Progress, plan: Plan) -> tuple[int, float]:
+    """Load the plan's saved state into the rank and its clock and counts into `state`; return the group step and
+    the clock's origin."""
     assert plan.resume is not None
     saved = torch.load(plan.resume, weights_only=True)
     r.model.load_state_dict(saved["model"])
     r.optimizer.load_state_dict(saved["optimizer"])
-    if r.outer is not None:
-        for a, p in zip(r.anchor, r.params):
+    if r.outer is not None:  # the anchor is the model saved
+        for a, p in zip(r.outer.anchor, r.params):
             a.copy_(p)
-        r.outer.load_state_dict(saved["outer"])
+        r.outer.optimizer.load_state_dict(saved["outer"])
     r.average.load_averaged(saved["average"] or {}, r.model)  # none saved: the average starts again from the model
-    return Carried(saved["step"], saved["samples"], saved["origin"], saved["paused"], saved["next_eval"])
-
-
-def _append_curve(plan: Plan, curve: list[dict[str, float]], written: int, samples_before: int = 0) -> int:
-    """Append the points past `written` to the run's curve file, their samples counted over the whole run;
-    return how many points are written now."""
-    if written >= len(curve):
-        return written
-    with open(plan.curve, "a") as f:
-        for point in curve[written:]:
-            point["samples"] += samples_before
-            f.write(json.dumps(point) + "\n")
-    return len(curve)
-
-
-def _generation_measurements(r: Rank, state: Progress, kept: int, started: float) -> dict[str, Any]:
-    """`_measurements` for this generation alone: steps and samples kept, time since the group formed."""
-    out = sr._measurements(r, state)
-    wall = time.monotonic() - started
-    out.update(steps=kept, samples=kept * r.batch, wall_s=wall,
-               idle_fraction=1.0 - state.compute_s / wall if wall > 0 else 0.0)  # fmt: skip
-    return out
+    state.paused, state.next_eval, state.trained = saved["paused"], saved["next_eval"], saved["samples"]
+    return saved["step"], saved["origin"]
 
 
 def _first_line(e: BaseException) -> str:
