@@ -11,16 +11,20 @@ import math
 import multiprocessing
 import time
 from collections.abc import Iterator
+from dataclasses import replace
+from datetime import timedelta
 from itertools import pairwise
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from lab import elastic as el
 from lab import sync_baseline as sb
-from lab.elastic_rank import is_peer_failure, skipped
-from lab.sync_rank import Config
+from lab import sync_rank as sr
+from lab.elastic_rank import Member, Plan, _restore, is_peer_failure, skipped
+from lab.sync_rank import Config, Progress
 from lab.traces import Event, PeerTrace, Trace
 from murmur.node.learn.tasks import DigitsTask
 
@@ -102,6 +106,37 @@ def test_a_resumed_stream_skips_the_rows_already_trained_on() -> None:
     assert [int(v) for v in next(skipped(stream(), 0))[1]] == [0, 1, 2, 3]
 
 
+def test_a_diloco_state_round_trips_the_anchor_and_the_outer_momentum(tmp_path) -> None:
+    store = dist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=timedelta(seconds=10))
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)  # a group of one, in this process
+    try:
+        cfg = Config("digits", (1.0,), "diloco-proportional", 1.0, STEP_MS, None, 1.0, 0, 0, 10.0, local_steps=2)
+        plan = Plan(0, str(tmp_path), None, (0,), str(tmp_path / "curve.jsonl"), str(tmp_path / "ck.pt"), 10.0)
+        state = Progress(next_eval=1.0)
+        r = sr._setup(0, cfg, state.train_time)
+        with torch.no_grad():  # a round of "inner steps", then the outer step: the anchor moves, momentum builds up
+            for p in r.params:
+                p.add_(0.01)
+            r.outer.pseudo_gradient(r.params, r.flat, 1.0)
+            r.outer.step(r.params, r.flat, 1.0)
+            for p in r.params:  # inner steps since the sync are no part of the group's state
+                p.add_(0.5)
+        state.trained = 640
+        Member(r, state, plan, 40, time.monotonic()).save(tmp_path / "state.pt")
+        again = Progress(next_eval=1.0)
+        fresh = sr._setup(0, cfg, again.train_time)
+        assert _restore(fresh, again, replace(plan, resume=str(tmp_path / "state.pt")))[0] == 40
+        assert again.trained == 640
+        assert all(torch.equal(a, b) and torch.equal(p, b) for a, p, b in zip(fresh.outer.anchor, fresh.params,
+                                                                              r.outer.anchor))  # fmt: skip
+        momentum = [fresh.outer.optimizer.state[a]["momentum_buffer"] for a in fresh.outer.anchor]
+        assert all(torch.equal(m, r.outer.optimizer.state[a]["momentum_buffer"])
+                   for m, a in zip(momentum, r.outer.anchor))  # fmt: skip
+        assert any(m.abs().sum() > 0 for m in momentum)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_peer_failures_are_told_from_other_errors() -> None:
     assert is_peer_failure(RuntimeError("[third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer"))
     assert is_peer_failure(torch.distributed.DistBackendError("anything"))
@@ -120,7 +155,7 @@ def test_elastic_runs_need_loopback_and_the_initial_peers_slowdowns(tmp_path) ->
     trace = _trace([1, 1, 1], [Event(1.0, 0, "crash")])
     with pytest.raises(NotImplementedError, match="loopback"):
         sb.run_sync("digits", [1, 1, 1], "equal", 3.0, STEP_MS, None, trace=trace, links=[None] * 3, work_dir=tmp_path)
-    with pytest.raises(ValueError, match="3 initial peers"):
+    with pytest.raises(ValueError, match="ranks are the trace.s initial peers"):
         sb.run_sync("digits", [1, 1], "equal", 3.0, STEP_MS, None, trace=trace)
     with pytest.raises(ValueError, match="no member"):
         el.run_elastic(None, _trace([1], [Event(1.0, 0, "leave")]), 0.0, math.inf)  # type: ignore[arg-type]
@@ -198,6 +233,34 @@ def test_with_no_survivor_the_group_restarts_from_rank_0s_checkpoint(tmp_path) -
     assert all(b > a for a, b in pairwise(times)) and times[-1] >= 3.5  # the clock came back from the checkpoint
     assert r["peers"][2]["steps"] == r["steps"] - restart["step"] > 0
     assert multiprocessing.active_children() == []
+
+
+@pytest.mark.slow
+def test_adaptive_runs_elastically_on_the_runs_trace_clock(tmp_path) -> None:
+    # peer 1 sleeps from 2.5 s to 3.5 s of the run's training time, in the generation that peer 2's join starts
+    slow = PeerTrace((0.0, 2.5, 3.5), (2.0, None, 1.0))
+    trace = Trace((PeerTrace((0.0,), (1.0,)), slow, PeerTrace((0.0,), (1.0,))),
+                  (Event(1.0, 0, "leave"), Event(2.0, 2, "join")))  # fmt: skip
+    r = sb.run_sync("digits", [1, 2], "adaptive", 4.5, STEP_MS, None, eval_every=0.25, pg_timeout_s=20, trace=trace,
+                    rebalance_every=5, work_dir=tmp_path)  # fmt: skip
+    _check_run(r)
+    assert [x["event"] for x in r["restarts"]] == ["leave", "join"] and r["rebalances"] > 0
+    # the group waits out the sleep where the run's clock puts it, not 2.5 s into the new generation
+    assert not [pt["t"] for pt in r["curve"] if 2.8 < pt["t"] < 3.4]
+    assert r["peers"][0]["batch"] > 32  # it left the faster of two (slot 1 started at x2)
+
+
+@pytest.mark.slow
+def test_diloco_proportional_restarts_from_the_anchor_after_a_crash(tmp_path) -> None:
+    trace = _trace([1, 2, 1], [Event(1.5, 1, "crash")])
+    r = sb.run_sync("digits", [1, 2, 1], "diloco-proportional", 4.0, STEP_MS, None, eval_every=0.5, pg_timeout_s=20,
+                    trace=trace, local_steps=4, work_dir=tmp_path)  # fmt: skip
+    _check_run(r)
+    (restart,) = r["restarts"]
+    assert restart["source"] == "survivor" and restart["step"] % 4 == 0  # group steps count whole rounds
+    fast, crashed, other = r["peers"]
+    assert crashed["partial"] and crashed["steps"] < fast["steps"]  # the slow slot took fewer inner steps
+    assert r["method"] == "diloco-proportional" and r["inner_steps"] == [4, 4]
 
 
 class FailingTask(DigitsTask):
