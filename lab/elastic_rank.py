@@ -155,7 +155,7 @@ class Member:
 
     def __init__(self, r: Rank, state: Progress, plan: Plan, step: int, started: float) -> None:
         self.r, self.state, self.plan, self.step = r, state, plan, step  # `step`: group steps before this generation
-        self.started = started
+        self.started, self.paused = started, state.paused  # this generation's wall excludes its evaluations
         self.split = (list(r.inner), list(r.batches))  # the split the next sync counts
         self.kept = {"steps": [0] * len(r.batches), "rows": [0] * len(r.batches)}
         self.tallied = 0  # syncs in `kept`
@@ -212,7 +212,7 @@ class Member:
         r, state = self.r, self.state
         self.tally()
         measured = sr._measurements(r, state)
-        wall = time.monotonic() - self.started  # this generation's, from when the group formed
+        wall = time.monotonic() - self.started - (state.paused - self.paused)  # since the group formed
         idle = 1.0 - state.compute_s / wall if wall > 0 else 0.0
         measured.update(steps=state.last_sync, wall_s=wall, idle_fraction=idle)
         measured.pop("curve", None)
