@@ -132,17 +132,17 @@ def _run(rank: int, cfg: Config, plan: Plan) -> dict[str, Any]:
         return {**head, "kind": "lost", "why": _first_line(e), "stopped_at": time.monotonic()}
     started = time.monotonic()
     state.clock_start = started if origin is None else origin
-    member = Member(r, state, plan, step, started)
+    me = Member(r, state, plan, step, started)
     try:
-        if not sr.loop(r, state, member.after_step):
-            return {**head, **member.stopped("stopped", "asked to stop (SIGTERM)")}
+        if not sr.loop(r, state, me.after_step):
+            return {**head, **me.stopped("stopped", "asked to stop (SIGTERM)")}
     except RuntimeError as e:
         if not is_peer_failure(e):
             raise
-        member.write_curve()  # rank 0 may have scored before it failed
-        return {**head, **member.stopped("interrupted", _first_line(e))}
-    member.write_curve()
-    out = {**head, **member.outcome("done"), "train_time": state.train_time()}
+        me.write_curve()  # rank 0 may have scored before it failed
+        return {**head, **me.stopped("interrupted", _first_line(e))}
+    me.write_curve()
+    out = {**head, **me.outcome("done"), "train_time": state.train_time()}
     dist.destroy_process_group()
     return out
 

@@ -258,8 +258,8 @@ def test_diloco_proportional_restarts_from_the_anchor_after_a_crash(tmp_path) ->
     _check_run(r)
     (restart,) = r["restarts"]
     assert restart["source"] == "survivor" and restart["step"] % 4 == 0  # group steps count whole rounds
-    fast, crashed, other = r["peers"]
-    assert crashed["partial"] and crashed["steps"] < fast["steps"]  # the slow slot took fewer inner steps
+    crashed = r["peers"][1]
+    assert crashed["partial"] and crashed["steps"] < restart["step"]  # the slow slot took fewer inner steps a round
     assert r["method"] == "diloco-proportional" and r["inner_steps"] == [4, 4]
 
 
