@@ -53,10 +53,10 @@ import os
 import queue
 import sys
 import time
-from dataclasses import asdict
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -65,9 +65,10 @@ from lab.diloco import WIRES
 from lab.links import LINK_DEVICE
 from lab.netns import Netns
 from lab.swarm import ForkedProcess, stop_processes
-from lab.sync_rank import HOST, MODES, Config, run_rank, worker
+from lab.sync_config import HOST, MODES, Config
+from lab.sync_rank import run_rank, worker
+from lab.sync_report import PEER_KEYS, result_of, summary
 from lab.traces import Trace, TraceError, load
-from murmur.node.learn.tasks.task import Metric
 
 RANK_MODULE = "lab.sync_rank"  # what the ranks' fork server preloads
 STORE_PORT = 29500  # over links: rank 0's namespace is new and empty, so a fixed port is free there
@@ -149,18 +150,21 @@ def run_sync(
 
     Trains for `duration` seconds of training time (start-up and evaluation excluded)
     or until the held-out metric reaches `target` with at least `min_samples` trained.
-    `seed` shifts every rank's data shard (rank + 1000 * seed). Collectives time out after `pg_timeout_s`; the whole
-    run is abandoned after `timeout_s` (default 600 + 2 * duration). Any rank failure
-    ends all ranks and raises `RankFailed` with the rank's traceback. `lr_scale`
+    `seed` shifts every rank's data shard (its slot + 1000 * seed; without a trace the slot is the rank).
+    Collectives time out after `pg_timeout_s`; the whole run is abandoned after `timeout_s` (default
+    600 + 2 * duration). Any rank failure ends all ranks and raises `RankFailed` with the rank's traceback. `lr_scale`
     multiplies the task's learning rate; `local_steps`, `outer_lr` and `outer_momentum`
     configure mode `diloco` (see `lab.sync_rank`); `ema_decay` > 0 evaluates a moving average
     of the weights (`murmur.node.learn.weight_average`). With `links` (one namespace per rank, from
     `lab.links.peer_links`) rank r runs in `links[r]`, its log and result files under
     `work_dir` (required then). With `trace` (which needs `step_time_ms`) rank r is paced by trace peer
-    `slots[r]` (default r): `slowdowns` then only counts the ranks, each rank's slowdown is its peer's
-    initial one, and collectives wait `pg_timeout_s` beyond the longest sleep. `rebalance_every` sets
-    mode `adaptive`'s steps between re-splits; `outer_wire` ("int8" or "float32") how the diloco modes send
-    their pseudo-gradients.
+    `slots[r]` (default: the trace's initial peers in order), which also picks its data shard: `slowdowns` then only
+    counts the ranks, each rank's slowdown is its peer's initial one, and collectives wait `pg_timeout_s` beyond the
+    longest sleep. A trace with events (leave, crash, join) runs elastically, as torchrun would (`lab.elastic`):
+    the ranks are then the trace's initial peers, and the result adds "restarts" and a row in "peers" for every
+    peer that trained (`rank` is its peer number); such runs are loopback only (`links` raises
+    `NotImplementedError`), their files under `work_dir` if given. `rebalance_every` sets mode `adaptive`'s steps
+    between re-splits; `outer_wire` ("int8" or "float32") how the diloco modes send their pseudo-gradients.
 
     Returns {"method", "task", "mode", "metric", "slowdowns", "step_time_ms", "target",
     "curve": [{"t", "samples", <metrics>...}], "time_to_target", "samples_per_s",
@@ -180,15 +184,20 @@ def run_sync(
         raise ValueError(f"over links every rank needs a namespace ({len(links)} for {n} ranks) and a work_dir")
     if outer_wire not in WIRES or rebalance_every < 1:
         raise ValueError(f"outer_wire must be one of {WIRES}, rebalance_every >= 1: {outer_wire!r}, {rebalance_every}")
+    elastic = trace is not None and bool(trace.events)
+    if elastic and links is not None:
+        raise NotImplementedError("an elastic run (a trace with events) over links is unsupported: run it on loopback")
     if trace is not None:
-        slots = tuple(range(n)) if slots is None else tuple(slots)
+        slots = tuple(trace.initial()[:n] if slots is None else slots)
         if step_time_ms is None or len(slots) != n or not all(0 <= s < len(trace.peers) for s in slots):
             raise ValueError(f"a trace needs step_time_ms and a trace peer per rank: {slots}, {len(trace.peers)} peers")
+        if elastic and slots != tuple(trace.initial()):
+            raise ValueError(f"an elastic run's ranks are the trace's initial peers {trace.initial()}, not {slots}")
         slowdowns = [trace.peers[s].slowdown_at(0.0) or 1.0 for s in slots]
-        sleeps = [b - a for s in slots for a, b in trace.peers[s].asleep()]  # the last slowdown is never a sleep
+        sleeps = [b - a for p in trace.peers for a, b in p.asleep()]  # the last slowdown is never a sleep
         pg_timeout_s += max(sleeps, default=0.0)
     begin = time.monotonic()
-    store = _free_store(timedelta(seconds=pg_timeout_s)) if links is None else None
+    store = _free_store(timedelta(seconds=pg_timeout_s)) if links is None and not elastic else None
     cfg = Config(
         task_name, tuple(float(s) for s in slowdowns), mode, float(duration), step_time_ms, target,
         float(eval_every), int(seed), store.port if store else STORE_PORT, float(pg_timeout_s), float(lr_scale),
@@ -198,11 +207,15 @@ def run_sync(
         outer_wire=outer_wire,
     )  # fmt: skip
     deadline = begin + (timeout_s if timeout_s is not None else 600 + 2 * duration)
+    if elastic:
+        from lab.elastic import run_elastic  # here: lab.elastic imports this module
+
+        return run_elastic(cfg, trace, begin, deadline, work_dir)
     if links is not None:
         outputs = _run_in_namespaces(cfg, links, work_dir, deadline)
     else:
         outputs = _run_forked(cfg, store, deadline)
-    return _result(cfg, outputs, begin)
+    return result_of(cfg, outputs[0], [{k: outputs[r][k] for k in PEER_KEYS} for r in range(len(outputs))], begin)
 
 
 def _run_forked(cfg: Config, store: dist.TCPStore, deadline: float) -> dict[int, dict[str, Any]]:
@@ -271,91 +284,6 @@ def _failure(work_dir: Path, out: Path, rank: int) -> str:
         return error.read_text()
     log = work_dir / f"rank{rank}.log"
     return log.read_text()[-2000:] if log.exists() else "(no log)"
-
-
-def _result(cfg: Config, outputs: dict[int, dict[str, Any]], begin: float) -> dict[str, Any]:
-    """The results dict of `run_sync` from the ranks' outputs."""
-    n = len(cfg.slowdowns)
-    mode, target, step_time_ms, eval_every, seed = cfg.mode, cfg.target, cfg.step_time_ms, cfg.eval_every, cfg.seed
-    head = outputs[0]
-    curve = head["curve"]
-    metric = Metric(head["metric"], head["higher_is_better"])
-    time_to_target = None
-    if target is not None:
-        time_to_target = next((pt["t"] for pt in curve if metric.reached(pt[metric.name], target)), None)
-    peer_keys = (
-        "rank", "slowdown", "batch", "steps", "samples", "local_steps", "compute_s", "comm_s", "wall_s", "idle_fraction",
-        "bytes_sent",
-    )  # fmt: skip
-    peers = [{k: outputs[r][k] for k in peer_keys} for r in range(n)]
-    total = sum(p["samples"] for p in peers)
-    return {
-        "method": mode if mode.startswith("diloco") else f"sync-{mode}",
-        "task": head["task"],
-        "mode": mode,
-        "metric": head["metric"],
-        "higher_is_better": head["higher_is_better"],
-        "slowdowns": list(cfg.slowdowns),
-        "step_time_ms": step_time_ms,
-        "target": target,
-        "eval_every": eval_every,
-        "seed": seed,
-        "batch_size": head["batch_size"],
-        "steps": head["steps"],
-        "curve": curve,
-        "time_to_target": time_to_target,
-        "samples": total,
-        "samples_per_s": total / head["wall_s"] if head["wall_s"] > 0 else 0.0,
-        "peers": peers,
-        "wall_s": head["wall_s"],
-        # time.monotonic is one system-wide clock on Linux, so parent and rank readings compare
-        "startup_s": head["clock_start"] - begin,
-        "eval_s": head["eval_s"],
-        "local_steps": cfg.local_steps,
-        "inner_steps": head["inner_steps"],
-        "outer_lr": cfg.outer_lr,
-        "outer_wire": cfg.outer_wire,
-        "rebalance_every": cfg.rebalance_every,
-        "rebalances": head["rebalances"],
-        "batches": head["batches"],
-        "config": {
-            **{k: v for k, v in asdict(cfg).items() if k not in ("port", "trace")},
-            "trace": cfg.trace.to_json() if cfg.trace is not None else None,
-        },
-    }
-
-
-# ------------------------------------------------------------------------------ CLI
-
-
-def summary(result: dict[str, Any]) -> str:
-    """Return a short human-readable summary of a `run_sync` result."""
-    metric = result["metric"]
-    final = f"  final {metric} {result['curve'][-1][metric]:.4f}"
-    if result["target"] is not None:
-        ttt = result["time_to_target"]
-        final += f"; time to {metric} {result['target']}: " + ("not reached" if ttt is None else f"{ttt:.2f} s")
-    lines = [
-        f"{result['method']} on {result['task']}: {len(result['peers'])} ranks, slowdowns {result['slowdowns']}, "
-        f"step_time_ms {result['step_time_ms']}",
-        f"  train {result['wall_s']:.1f} s (excluded: startup {result['startup_s']:.1f} s, "
-        f"eval {result['eval_s']:.2f} s), "
-        f"{result['steps']} steps, {result['samples']} samples, {result['samples_per_s']:.0f} samples/s",
-        final,
-        "  rank slowdown batch  samples compute_s  comm_s  idle  MB_sent",
-    ]
-    if result["mode"].startswith("diloco"):
-        lines.insert(3, f"  inner steps {result['inner_steps']} (local_steps {result['local_steps']}), "
-                        f"outer_lr {result['outer_lr']:g}, outer wire {result['outer_wire']}")
-    elif result["mode"] == "adaptive":
-        lines.insert(3, f"  {result['rebalances']} rebalances (every {result['rebalance_every']} steps), "
-                        f"last batches {result['batches']}")
-    for p in result["peers"]:
-        lines.append(
-            f"  {p['rank']:>4} {p['slowdown']:>8g} {p['batch']:>5} {p['samples']:>8} {p['compute_s']:>9.2f} "
-            f"{p['comm_s']:>7.2f} {p['idle_fraction']:>5.2f} {p['bytes_sent'] / 1e6:>8.1f}"
-        )
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,9 +46,11 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, Sequence
+from functools import partial
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -56,59 +58,14 @@ import torch.distributed as dist
 from lab.diloco import Outer, all_reduce_int8, int8_bytes
 from lab.flat import pack, unpack
 from lab.rebalance import Balance, ResizedBatches, proportional_split, steps_split
-from lab.traces import Trace, TracedPacing
+from lab.sync_config import Config, batch_sizes, slot_of
+from lab.traces import TracedPacing
 from murmur.node.learn.step import Pacing, scale_learning_rate, train_step
 from murmur.node.learn.tasks import Task, load_task
 from murmur.node.learn.weight_average import WeightAverage
 
-MODES = ("equal", "proportional", "diloco", "adaptive", "diloco-proportional")
-HOST = "127.0.0.1"
 EVAL_SLOT, STOP_SLOT = 0, 1  # control slots after the gradients in the all-reduce buffer
 CONTROL = 2  # ... then, when rebalancing, one slot per rank: its seconds per sample
-
-
-@dataclass(frozen=True)
-class Config:
-    """Everything a rank needs; pickled to each rank's process."""
-
-    task: str
-    slowdowns: tuple[float, ...]
-    mode: str
-    duration: float
-    step_time_ms: float | None
-    target: float | None
-    eval_every: float
-    seed: int
-    port: int
-    pg_timeout_s: float
-    lr_scale: float = 1.0  # multiplies the task's learning rate (the sweep's knob)
-    local_steps: int = 16  # diloco: inner steps between syncs
-    outer_lr: float = 0.7  # diloco's outer Nesterov step
-    outer_momentum: float = 0.9
-    min_samples: int = 0  # train past the target until this many samples (where the bench compares every method)
-    ema_decay: float = 0.0  # evaluate a moving average of the weights, as `murmur run --ema-decay` does
-    # Where the rendezvous store listens. On loopback the parent hosts it; over slow links each rank has its own
-    # network namespace, which the parent is not in, so rank 0 hosts it on its namespace's address.
-    store_host: str = HOST
-    store_on_rank0: bool = False
-    trace: Trace | None = None  # paces the ranks instead of `slowdowns` (then the trace's initial ones)
-    slots: tuple[int, ...] | None = None  # each rank's trace peer (default: rank r is peer r)
-    rebalance_every: int = 10  # adaptive: steps between re-splits of the batch
-    outer_wire: str = "int8"  # diloco modes: how the pseudo-gradients travel ("float32" or "int8")
-
-
-def batch_sizes(base: int, slowdowns: Sequence[float], mode: str) -> list[int]:
-    """Return each rank's per-step batch for `mode`; raises `ValueError` for an unknown mode.
-
-    equal and the diloco modes: `base` everywhere. proportional and adaptive (its first
-    split): round-half-up of base * n * speed_r / sum(speeds), at least 1, with
-    speed_r = 1 / slowdown_r, so the whole step holds about n * base samples split by speed.
-    """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
-    if mode not in ("proportional", "adaptive"):
-        return [base] * len(slowdowns)
-    return proportional_split(base * len(slowdowns), [1.0 / s for s in slowdowns])
 
 
 @dataclass
@@ -187,12 +144,23 @@ def train(rank: int, cfg: Config) -> dict[str, Any]:
         state.curve.append({"t": 0.0, "samples": 0, **r.task.evaluate(r.model)})
     dist.barrier()  # everyone is ready: start-up ends here
     state.clock_start = time.monotonic()
+    loop(r, state)
+    out = _measurements(r, state)
+    dist.destroy_process_group()
+    return out
+
+
+def loop(r: Rank, state: Progress, after_step: Callable[[bool, bool], bool] | None = None) -> bool:
+    """Train from `state` until rank 0 says training is over (True) or `after_step` asks to leave (False).
+
+    `after_step(synced, evaluated)` runs on every rank after each step (and its evaluation); a rank that leaves
+    must do so at a synced step, where every rank's state is the group's (`lab.elastic_rank`)."""
     while True:
         began = time.monotonic()  # drawing the batch is part of the local compute
-        hook = (lambda: _pace(r, began)) if r.diloco else (lambda: _reduce_gradients(r, state, began))
+        hook = partial(_pace, r, began) if r.diloco else partial(_reduce_gradients, r, state, began)
         train_step(r.task, r.model, r.optimizer, next(r.stream), before_update=hook)
         state.steps += 1
-        synced = state.steps - state.last_sync == r.inner[rank]
+        synced = state.steps - state.last_sync == r.inner[r.rank]
         if r.diloco:
             state.reduce_start = state.reduce_end = time.monotonic()
             if synced:
@@ -206,11 +174,9 @@ def train(rank: int, cfg: Config) -> dict[str, Any]:
         state.comm_s += state.reduce_end - state.reduce_start
         if eval_due:
             stop = _evaluate(r, state, ended) or stop
-        if stop:
-            break
-    out = _measurements(r, state)
-    dist.destroy_process_group()
-    return out
+        leave = after_step is not None and after_step(synced, eval_due)
+        if stop or leave:
+            return stop
 
 
 def _join_group(rank: int, cfg: Config) -> None:
@@ -243,12 +209,12 @@ def _setup(rank: int, cfg: Config, clock: Callable[[], float]) -> Rank:
     torch.manual_seed(1000 * cfg.seed + rank)  # per-rank randomness (dropout etc.)
     params = [p for p in model.parameters() if p.requires_grad]
     flat = torch.zeros(sum(p.numel() for p in params) + CONTROL + (n if balance else 0), dtype=params[0].dtype)
-    stream = ResizedBatches(iter(task.train_batches(shard=rank + 1000 * cfg.seed)), batches[rank])
+    stream = ResizedBatches(iter(task.train_batches(shard=slot_of(cfg, rank) + 1000 * cfg.seed)), batches[rank])
     outer = Outer(params, cfg.outer_lr, cfg.outer_momentum) if cfg.mode.startswith("diloco") else None
     pacing = Pacing(cfg.slowdowns[rank], cfg.step_time_ms)
     if cfg.trace is not None:  # `run_sync` checks that a traced run has step_time_ms
-        slot = cfg.slots[rank] if cfg.slots is not None else rank
-        pacing = TracedPacing(cfg.trace.peers[slot], cfg.step_time_ms, clock=clock)  # type: ignore[arg-type]
+        peer = cfg.trace.peers[slot_of(cfg, rank)]
+        pacing = TracedPacing(peer, cfg.step_time_ms, clock=clock)  # type: ignore[arg-type]
     return Rank(
         rank, cfg, task, batches, pacing, *_weights(cfg.mode, rank, inner, batches),
         model, optimizer, average, evaluated, params, flat, stream, outer, inner, balance,
