@@ -59,6 +59,8 @@ from lab.traces import load as load_trace
 from lab.traces import static as static_trace
 from murmur.node.learn.weight_average import DEFAULT_DECAY
 
+LINK_PG_TIMEOUT_S = 900.0  # over capped links one all-reduce of the whole model can take minutes
+
 
 def run_method(
     task: str, slowdowns: list[float], method: str, seed: int, max_s: float, root: Path, lr_scale: float | None = None,
@@ -93,7 +95,8 @@ def run_method(
             result = run_sync(task, slowdowns, method.removeprefix("sync-"), max_s, spec["step_time"], target,
                               spec.get("eval_every", 1.0), seed=seed, lr_scale=scale,
                               local_steps=local_steps or spec["local_steps"], min_samples=min_samples, ema_decay=ema_decay,
-                              links=links, work_dir=root, trace=trace)
+                              links=links, work_dir=root, trace=trace, broadcast_init=not same_init,
+                              pg_timeout_s=LINK_PG_TIMEOUT_S if link_mbit else 60.0)
     result["lr_scale"] = scale
     result["ema_decay"] = ema_decay
     result["lr"] = base_lr(task) * scale  # as trained: a later change to the task's rate leaves the record right

@@ -145,6 +145,7 @@ def run_sync(
     slots: Sequence[int] | None = None,
     rebalance_every: int = 10,
     outer_wire: str = "int8",
+    broadcast_init: bool = True,
 ) -> dict[str, Any]:
     """Train `task_name` synchronously on len(slowdowns) ranks; return the results dict.
 
@@ -165,6 +166,7 @@ def run_sync(
     peer that trained (`rank` is its peer number); such runs are loopback only (`links` raises
     `NotImplementedError`), their files under `work_dir` if given. `rebalance_every` sets mode `adaptive`'s steps
     between re-splits; `outer_wire` ("int8" or "float32") how the diloco modes send their pseudo-gradients.
+    `broadcast_init` False: every rank starts from the task's seeded model instead of rank 0's broadcast one.
 
     Returns {"method", "task", "mode", "metric", "slowdowns", "step_time_ms", "target",
     "curve": [{"t", "samples", <metrics>...}], "time_to_target", "samples_per_s",
@@ -204,7 +206,7 @@ def run_sync(
         int(local_steps), float(outer_lr), float(outer_momentum), int(min_samples), float(ema_decay),
         **({"store_host": links[0].address, "store_on_rank0": True} if links is not None else {}),
         trace=trace, slots=tuple(slots) if slots is not None else None, rebalance_every=int(rebalance_every),
-        outer_wire=outer_wire,
+        outer_wire=outer_wire, broadcast_init=broadcast_init,
     )  # fmt: skip
     deadline = begin + (timeout_s if timeout_s is not None else 600 + 2 * duration)
     if elastic:

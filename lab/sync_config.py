@@ -41,6 +41,7 @@ class Config:
     slots: tuple[int, ...] | None = None  # each rank's trace peer and data shard (default: rank r is peer r)
     rebalance_every: int = 10  # adaptive: steps between re-splits of the batch
     outer_wire: str = "int8"  # diloco modes: how the pseudo-gradients travel ("float32" or "int8")
+    broadcast_init: bool = True  # start from rank 0's model; False: from the task's seeded one, which every rank builds alike
 
 
 def slot_of(cfg: Config, rank: int) -> int:

@@ -198,9 +198,10 @@ def _setup(rank: int, cfg: Config, clock: Callable[[], float]) -> Rank:
         inner = steps_split(cfg.local_steps, speeds)
     balance = Balance(speeds) if cfg.mode in ("adaptive", "diloco-proportional") else None
     model = task.build_model()
-    with torch.no_grad():  # start identical even if a task's init were not seeded (as DDP does)
-        for t in itertools.chain(model.parameters(), model.buffers()):
-            dist.broadcast(t, src=0)
+    if cfg.broadcast_init:
+        with torch.no_grad():  # start identical even if a task's init were not seeded (as DDP does)
+            for t in itertools.chain(model.parameters(), model.buffers()):
+                dist.broadcast(t, src=0)
     optimizer = task.make_optimizer(model)
     scale_learning_rate(optimizer, cfg.lr_scale)
     # Only rank 0 evaluates, so only it keeps the average and the copy it scores.
