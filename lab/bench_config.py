@@ -47,6 +47,7 @@ MURMUR_ARGS = {
     "murmur-share-0.05": ["--exchange-share", "0.05"],
     "murmur-share-0.25": ["--exchange-share", "0.25"],
     "murmur-share-0.5": ["--exchange-share", "0.5"],
+    "murmur-share-1": ["--exchange-share", "1"],
     "murmur-fp16": ["--wire-dtype", "float16"],
 }
 

@@ -150,7 +150,7 @@ def summarize(results: list[dict]) -> str:
     with their range. Under traces it adds the ratio to the best baseline of each seed, bytes sent and restarts."""
     arena = any(r.get("scenario") for r in results)
     head = ["task", "mix", *(["scenario"] if arena else []), "method", "time to target s", "vs sync-equal",
-            *(["vs best baseline"] if arena else []), "samples/s", "% of ideal", "max peer idle", "metric at equal samples",
+            *(["vs best baseline", "samples to target k"] if arena else []), "samples/s", "% of ideal", "max peer idle", "metric at equal samples",
             *(["MB sent", "restarts (downtime s)"] if arena else []), "lr"]  # fmt: skip
     lines = _links_line(results) + _evaluated_line(results) + ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     keys = sorted({(r["task"], r["mix"], r.get("scenario")) for r in results},
@@ -166,7 +166,8 @@ def summarize(results: list[dict]) -> str:
                      _med([r.get("time_to_target") for r in rs]) if label != "ideal" else "—",
                      _med(_ratios(rs, same, lambda b: b["method"] == "sync-equal"))]  # fmt: skip
             if arena:
-                cells.append(_med(_ratios(rs, same, lambda b: b["method"].startswith(BASELINES))))
+                cells += [_med(_ratios(rs, same, lambda b: b["method"].startswith(BASELINES))),
+                          _med([_samples_to_target(r) for r in rs], 1)]
             cells += [_med([r["samples_per_s"] for r in rs]), _med([r["pct_of_ideal"] for r in rs]),
                       _med([max(p["idle_fraction"] for p in r["peers"]) for r in rs]),
                       _med([r.get("metric_at_equal_samples") for r in rs], 3)]  # fmt: skip
@@ -185,6 +186,14 @@ def _ratios(runs: list[dict], same: list[dict], is_base) -> list[float]:
         if r["method"] != "ideal" and base and r.get("time_to_target"):
             out.append(r["time_to_target"] / base)
     return out
+
+
+def _samples_to_target(run: dict) -> float | None:
+    """Thousands of samples all peers had trained when the run reached its target (None if it did not)."""
+    ttt = run.get("time_to_target")
+    if ttt is None:
+        return None
+    return next((c["samples"] / 1000 for c in run["curve"] if c["t"] >= ttt), None)
 
 
 def _restarts(runs: list[dict]) -> str:

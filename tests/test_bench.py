@@ -237,3 +237,44 @@ def test_the_median_counts_peers_while_the_trace_has_them_and_their_samples_for_
     curve = median_curve(peers, "loss", 1000.0, 1.0, trace)
     assert [(c["t"], c["value"], c["samples"]) for c in curve] == [(0.0, 7.0, 0), (1.0, 6.0, 60), (2.0, 2.0, 70), (3.0, 1.0, 87)]
     assert median_curve([peers[0], peer(1, [])], "loss", 1000.0, 1.0, Trace((still, still))) == []  # until all have evaluated
+
+
+def test_the_arena_options_pick_their_configuration_and_refuse_bad_input(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from lab import bench, bench_cli
+    from lab.bench_config import ARENA, LONG_HORIZON
+
+    seen: list[dict] = []
+    monkeypatch.setattr(bench, "run_bench", lambda config, out: seen.append(config))
+    assert bench_cli.main(["--scenario", "drift,churn", "--out", str(tmp_path)]) == 0
+    assert seen[-1]["scenarios"] == ["drift", "churn"] and seen[-1]["runs"] == [list(r) for r in ARENA["runs"]]
+    trace = tmp_path / "mine.json"
+    trace.write_text('{"peers": [{"t": [0, 5], "slowdown": [1, 3]}, {"t": [0], "slowdown": [2]}]}')
+    assert bench_cli.main(["--trace", str(trace), "--out", str(tmp_path)]) == 0
+    assert seen[-1]["trace_file"] == str(trace) and "scenarios" not in seen[-1] and seen[-1]["mixes"] == {"charlm": ["trace"]}
+    assert bench_cli.main(["--long-horizon", "--local-steps", "8,32", "--out", str(tmp_path)]) == 0
+    assert seen[-1]["local_steps"] == [8, 32] and seen[-1]["link_mbit"] == LONG_HORIZON["link_mbit"]
+    for argv, error in ((["--scenario", "storm"], "unknown scenario(s) ['storm']"), (["--local-steps", "8,x"], "whole numbers"),
+                        (["--local-steps", "0"], "at least 1")):  # fmt: skip
+        with pytest.raises(SystemExit):
+            bench_cli.main([*argv, "--out", str(tmp_path)])
+        assert error in capsys.readouterr().err
+    trace.write_text('{"peers": [{"t": [0], "slowdown": ["fast"]}]}')
+    with pytest.raises(SystemExit):
+        bench_cli.main(["--trace", str(trace), "--out", str(tmp_path)])
+    assert "mine.json: peers[0].slowdown: 'fast' is not a finite number" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_under_churn_murmur_and_the_elastic_baseline_run_end_to_end(tmp_path: Path) -> None:
+    config = {"tasks": ["digits"], "mixes": {"digits": ["headline"]}, "seeds": [0], "max_s": {"digits": 8.0},
+              "horizon_s": {"digits": 6.0}, "target": {"digits": 0.999}, "reference": "sync-adaptive",
+              "scenarios": ["churn"], "runs": at_chosen_lr(["sync-adaptive", "murmur"])}  # fmt: skip
+    run_bench(config, tmp_path)
+    results = {r["method"]: r for r in json.loads((tmp_path / "results.json").read_text())["results"]}
+    restarts = results["sync-adaptive"]["restarts"]  # the group re-formed at the leave, the join and the crash
+    assert len(restarts) == 3 and all(x["downtime_s"] > 0 for x in restarts)
+    assert [a["action"] for a in results["murmur"]["trace_actions"]] == ["leave", "join", "crash"]
+    assert len(results["murmur"]["peers"]) == 5 and results["murmur"]["peers"][4]["samples_per_s"]  # the newcomer trained
+    assert "| digits | headline | churn | sync-adaptive |" in (tmp_path / "summary.md").read_text()
