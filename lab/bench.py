@@ -6,8 +6,10 @@ one torch thread per peer):
 
   sync-equal         real torch.distributed (gloo) all-reduce, equal batches
   sync-proportional  the same, batches proportional to speed, sample-weighted
-  diloco             synchronous DiLoCo: H local steps per rank, then a gloo all-reduce of the
+  sync-adaptive      sync-proportional re-measuring speeds and re-splitting the batch every 10 steps
+  diloco             synchronous DiLoCo: H local steps per rank, then an int8 gloo all-reduce of the
                      pseudo-gradients and an outer Nesterov step (equal H everywhere)
+  diloco-proportional  DiLoCo with each rank's H in proportion to its measured speed
   murmur-uniform     `murmur run` processes over libp2p (forked from a preloaded server), plain
                      pairwise averaging (`--merge average`), uniform merge weights
   murmur-work        the same with work weighting
@@ -28,6 +30,13 @@ markdown table to `--out`.
     murmur bench --sweep-lr         # learning-rate sweep of the sync baselines and murmur (separate run)
     murmur bench --link-mbit 20     # slow links (SLOW_LINK): charlm-large, every peer capped at 20 Mbit/s (root)
     murmur bench --link-mbit 100,50,20,10   # the same with one cap per peer, in peer order (SLOW_LINK_UNEVEN)
+    murmur bench --scenario drift,churn     # the arena (ARENA): speeds that change, peers that come and go
+    murmur bench --trace FILE               # the arena under a speed trace file (`lab.traces`)
+    murmur bench --long-horizon             # the slow-link arena (LONG_HORIZON, root): 10 min a run
+
+Under a trace (`--scenario`, `--trace`) every peer and rank follows it; sleeps, leaves, crashes and joins
+are played on the processes (`lab.trace_driver`), and the synchronous baselines run as elastic jobs
+under churn (`lab.elastic`). See docs/arena.md.
 
 Slow links (`--link-mbit`, `lab.links`): every Murmur peer and every sync or diloco rank runs in its
 own network namespace on a veth pair capped with `tc tbf`; the peers listen on their namespace's address and
