@@ -50,6 +50,8 @@ def plot(results: list[dict], out: Path) -> None:
                 targets = {r.get("target", TASKS[task]["target"]) for r in results if r["task"] == task and r["method"] != "ideal"}
                 for target in targets:
                     ax.axhline(target, color="grey", lw=0.5)
+                if scenario and metric == "loss":  # the arena's runs end near a low target: show that end, not the start
+                    ax.set_ylim(min(targets) - 0.15, min(targets) + 1.5)
                 ax.set_title(f"{task}, {mix} {MIXES.get(mix, '')}" + (f", {scenario}" if scenario else ""))
                 ax.set_ylabel(f"median peer held-out {metric}")
                 ax.legend(fontsize=7)
