@@ -7,7 +7,7 @@ import statistics
 from pathlib import Path
 
 from lab.bench_config import MIXES, TASKS
-from lab.traces import Trace
+from lab.traces import SCENARIOS, Trace
 
 
 def run_labels(results: list[dict]) -> list[str]:
@@ -33,7 +33,8 @@ def plot(results: list[dict], out: Path) -> None:
         metric = TASKS[task]["metric"]
         mixes = [m for m in MIXES if any(r["task"] == task and r["mix"] == m for r in results)]
         columns = sorted({(r["mix"], r.get("scenario")) for r in results if r["task"] == task},
-                         key=lambda c: (list(MIXES).index(c[0]) if c[0] in MIXES else len(MIXES), c[1] or ""))  # fmt: skip
+                         key=lambda c: (list(MIXES).index(c[0]) if c[0] in MIXES else len(MIXES),
+                                        list(SCENARIOS).index(c[1]) if c[1] in SCENARIOS else len(SCENARIOS), c[1] or ""))  # fmt: skip
         traced = any(r.get("trace") for r in results if r["task"] == task)
         labels = run_labels(results)[:-1]
         for x, xlabel in (("t", "wall time (s)"), ("samples", "samples, all peers")):

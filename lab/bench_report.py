@@ -11,7 +11,7 @@ from pathlib import Path
 
 from lab.bench_config import METHODS, MIXES, MURMUR_ARGS, TASKS
 from lab.bench_plots import plot, run_labels, runs_of
-from lab.traces import Trace
+from lab.traces import SCENARIOS, Trace
 
 
 def metric_at_samples(result: dict, metric: str, samples: float) -> float | None:
@@ -154,7 +154,8 @@ def summarize(results: list[dict]) -> str:
             *(["MB sent", "restarts (downtime s)"] if arena else []), "lr"]  # fmt: skip
     lines = _links_line(results) + _evaluated_line(results) + ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     keys = sorted({(r["task"], r["mix"], r.get("scenario")) for r in results},
-                  key=lambda k: (k[0], list(MIXES).index(k[1]) if k[1] in MIXES else len(MIXES), k[2] or ""))  # fmt: skip
+                  key=lambda k: (k[0], list(MIXES).index(k[1]) if k[1] in MIXES else len(MIXES),
+                                 list(SCENARIOS).index(k[2]) if k[2] in SCENARIOS else len(SCENARIOS), k[2] or ""))  # fmt: skip
     for task, mix, scenario in keys:
         for label in run_labels(results):
             rs = [r for r in runs_of(results, task, mix, label) if r.get("scenario") == scenario]
