@@ -155,7 +155,7 @@ def median_curve(peers: list[Peer], metric: str, t0: float, grid_s: float = 1.0,
         return []
     end = min(records[i][-1]["t"] for i in stay if records[i]) - t0
     out = []
-    for k in range(0, int(end / grid_s + 1e-9) + 1):
+    for k in range(int(end / grid_s + 1e-9) + 1):
         t = round(k * grid_s, 6)
         latest = {i: x for i, r in records.items() if (x := next((x for x in reversed(r) if x["t"] - t0 <= t + grid_s / 2), None))}
         present = [x for i, x in latest.items() if trace is None or trace.span(i)[0] <= t < trace.span(i)[1]]

@@ -33,7 +33,7 @@ import anyio
 import torch
 
 from lab.plugins import register
-from lab.traces import PeerTrace, Trace, TraceError, TracedPacing
+from lab.traces import PeerTrace, Trace, TracedPacing, TraceError
 from lab.traces import load as load_trace
 from murmur.node.learn.loop import Evaluation
 from murmur.node.learn.replica import Replica

@@ -20,6 +20,7 @@ Named scenarios (`scenario`) build traces from a speed mix, a horizon and a seed
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import math
 import random
@@ -178,7 +179,7 @@ def _peer_trace(data: Any, where: str) -> PeerTrace:
         raise TraceError(f"{where}: \"t\" and \"slowdown\" must be non-empty and of one length, got {len(times)} and {len(data['slowdown'])}")
     if times[0] != 0:
         raise TraceError(f"{where}.t: the first time must be 0, got {times[0]:g}")
-    if any(b <= a for a, b in zip(times, times[1:])):
+    if any(b <= a for a, b in itertools.pairwise(times)):
         raise TraceError(f"{where}.t: times must rise")
     if data["slowdown"][-1] is None:
         raise TraceError(f"{where}.slowdown: a peer must wake: the last slowdown cannot be null")

@@ -1,4 +1,6 @@
 import logging
+import signal
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import settings
@@ -19,3 +21,13 @@ def anyio_backend() -> str:
 def _quiet_libp2p() -> None:
     for name in ("libp2p", "multiaddr", "async_service"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+@pytest.fixture(autouse=True)
+def _stop_signals_restored() -> Iterator[None]:
+    """Put SIGTERM's and SIGINT's handlers back after each test: a command run in-process (`murmur`'s `main`)
+    leaves them ignored on purpose, and every process a later test started would inherit that."""
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for s, handler in handlers.items():
+        signal.signal(s, handler)

@@ -10,7 +10,6 @@ import json
 import math
 import multiprocessing
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
 from itertools import pairwise
@@ -26,7 +25,6 @@ from lab import sync_rank as sr
 from lab.elastic_rank import Member, Plan, _restore, is_peer_failure, skipped
 from lab.sync_rank import Config, Progress
 from lab.traces import Event, PeerTrace, Trace
-from murmur.node.learn.tasks import DigitsTask
 
 STEP_MS = 10.0
 
@@ -263,18 +261,8 @@ def test_diloco_proportional_restarts_from_the_anchor_after_a_crash(tmp_path) ->
     assert r["method"] == "diloco-proportional" and r["inner_steps"] == [4, 4]
 
 
-class FailingTask(DigitsTask):
-    """Digits, except that shard 1 raises after a few batches."""
-
-    def train_batches(self, shard: int) -> Iterator[Any]:
-        for i, batch in enumerate(super().train_batches(shard)):
-            if shard == 1 and i == 5:
-                raise RuntimeError("boom from the failing task")
-            yield batch
-
-
 def test_a_member_that_raises_ends_the_run_instead_of_a_restart() -> None:
     trace = _trace([1, 1], [Event(30.0, 0, "leave")])
     with pytest.raises(sb.RankFailed, match="boom from the failing task"):
-        sb.run_sync(f"{__name__}:FailingTask", [1, 1], "equal", 60.0, STEP_MS, None, pg_timeout_s=20, trace=trace)
+        sb.run_sync("test_sync_baseline:FailingTask", [1, 1], "equal", 60.0, STEP_MS, None, pg_timeout_s=20, trace=trace)
     assert multiprocessing.active_children() == []
