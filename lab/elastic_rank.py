@@ -75,13 +75,6 @@ def is_peer_failure(e: BaseException) -> bool:
     return isinstance(e, dist.DistError) or (isinstance(e, RuntimeError) and "gloo" in str(e).lower())
 
 
-def write_json(path: Path, data: Any) -> None:
-    """Write `data` to `path` whole or not at all: readers never see half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
-
-
 def skipped(stream: Iterator[Batch], rows: int) -> Iterator[Batch]:
     """`stream` without its first `rows` rows (the rest of a batch cut by the skip comes first)."""
     while rows > 0:
@@ -98,7 +91,7 @@ def member(rank: int, cfg: Config, plan: Plan) -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: _STOP.set())  # first: the agent may ask at once
     out = plan.outcome(rank)
     try:
-        write_json(out, _run(rank, cfg, plan))
+        sr.write_json(out, _run(rank, cfg, plan))
         code = 0
     except BaseException:  # noqa: BLE001 - the agent must hear about every failure
         Path(f"{out}.error").write_text(traceback.format_exc())
@@ -164,7 +157,7 @@ class Member:
         self.progress = {"origin": state.clock_start, "paused": state.paused, "started": self.started,
                          "first_step": None, "batches": r.batches, "step": step}  # fmt: skip
         if r.rank == 0:
-            write_json(plan.progress, self.progress)
+            sr.write_json(plan.progress, self.progress)
 
     def group_step(self) -> int:
         return self.step + self.state.syncs * (self.r.cfg.local_steps if self.r.diloco else 1)
@@ -174,13 +167,13 @@ class Member:
         r, state = self.r, self.state
         if r.rank == 0 and self.progress["first_step"] is None:
             self.progress["first_step"] = state.reduce_end  # the group trained: the step's all-reduce is over
-            write_json(self.plan.progress, self.progress)
+            sr.write_json(self.plan.progress, self.progress)
         self.tally()
         if evaluated:
             self.write_curve()
             if r.rank == 0:
                 self.progress.update(paused=state.paused, step=self.group_step())
-                write_json(self.plan.progress, self.progress)
+                sr.write_json(self.plan.progress, self.progress)
         if not synced:
             return False
         if _STOP.is_set():

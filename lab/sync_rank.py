@@ -50,6 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -338,14 +339,18 @@ def _measurements(r: Rank, state: Progress) -> dict[str, Any]:
     return out
 
 
+def write_json(path: Path, data: Any) -> None:
+    """Write `data` to `path` whole or not at all: readers never see half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
 def run_rank(rank: int, cfg: Config, out: str) -> None:
     """Process entry point for a rank in its own network namespace: train, write its result as JSON
     to `out` (or its traceback to `out` + ".error"), then exit 0 (or 1)."""
     try:
-        result = train(rank, cfg)
-        with open(out + ".tmp", "w") as f:
-            json.dump(result, f)
-        os.replace(out + ".tmp", out)  # whole or absent: the parent never reads half a result
+        write_json(Path(out), train(rank, cfg))
         code = 0
     except BaseException:  # noqa: BLE001 - the parent must hear about every failure
         with open(out + ".error", "w") as f:
