@@ -48,6 +48,7 @@ MURMUR_ARGS = {
     "murmur-share-0.25": ["--exchange-share", "0.25"],
     "murmur-share-0.5": ["--exchange-share", "0.5"],
     "murmur-share-1": ["--exchange-share", "1"],
+    "murmur-int8-share-1": ["--exchange-share", "1", "--wire-dtype", "int8"],
     "murmur-fp16": ["--wire-dtype", "float16"],
 }
 
