@@ -53,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="digits, headline mix, one seed")
     parser.add_argument("--tasks", default=None, help="comma-separated tasks (default: digits,charlm)")
     parser.add_argument("--mixes", default=None, help=f"comma-separated mixes from {list(MIXES)}")
-    parser.add_argument("--seeds", type=int, default=None, help="number of seeds")
+    parser.add_argument("--seeds", type=int, default=None, help="number of seeds (seeds 0 … N-1)")
+    parser.add_argument("--seed", default=None, metavar="I[,I...]",
+                        help="exactly these seeds, e.g. 1,2 to add seeds to a finished run")
     parser.add_argument("--out", type=Path, default=Path("results/bench"))
     parser.add_argument("--sweep-lr", action="store_true",
                         help=f"run {SWEEP_METHODS} at {SWEEP_FACTORS} times the learning rate each trains at and print "
@@ -132,8 +134,17 @@ def main(argv: list[str] | None = None) -> int:
             config.pop("lr_factors", None)  # a sweep of named points runs exactly those
         except ValueError as e:
             parser.error(str(e))
-    if args.seeds:
+    if args.seeds is not None and args.seed is not None:
+        parser.error("give --seeds (how many) or --seed (which), not both")
+    if args.seeds is not None:
+        if args.seeds < 1:
+            parser.error(f"--seeds is how many seeds to run (at least 1), got {args.seeds}; --seed I picks seed I")
         config["seeds"] = list(range(args.seeds))
+    if args.seed is not None:
+        try:
+            config["seeds"] = [int(i) for i in args.seed.split(",")]
+        except ValueError:
+            parser.error(f"--seed takes whole numbers, e.g. 1,2, got {args.seed!r}")
     if args.ema_decay is not None:
         if not 0 <= args.ema_decay < 1:
             parser.error(f"--ema-decay must be in [0, 1), got {args.ema_decay}")
