@@ -29,7 +29,7 @@ LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 
 def test_reachability_needs_agreeing_peers_and_forgets_old_verdicts() -> None:
     r = Reachability(confirmations=2, max_age=100)
-    assert r.status(0) == (UNKNOWN, "no dial-back verdicts yet")
+    assert r.status(0) == (UNKNOWN, "no dial-back verdicts yet: too few to decide (2 must agree)")
     r.record("s1", True, 0)
     r.record("s1", True, 1)  # one peer counts once, however often it answers
     assert r.status(1)[0] == UNKNOWN
@@ -140,3 +140,49 @@ async def test_peers_on_loopback_find_each_other_public() -> None:
         assert info["reachability"] == PUBLIC
         assert set(info["connections"].values()) == {"direct"}
         assert info["relayed_via"] == {}
+
+
+def test_a_bootstrap_peer_decides_alone_until_another_peer_disputes_it() -> None:
+    boot = "12D3KooWBootstrapPeer"
+    r = Reachability(confirmations=2, max_age=100, trusted=frozenset({boot}))
+    r.record("stranger", False, 0)
+    assert r.status(0) == (UNKNOWN, "0 of 1 peers dialed us back: too few to decide (2 must agree)")  # a stranger alone: no
+    r = Reachability(confirmations=2, max_age=100, trusted=frozenset({boot}))
+    r.record(boot, False, 0)
+    assert r.status(0) == (PRIVATE, "bootstrap peer trapPeer could not dial us back; no other peer has answered")
+    r.record("s1", False, 1)
+    assert r.status(1) == (PRIVATE, "2 of 2 peers could not dial us back")
+    r.record("s1", True, 2)  # disputed: the bootstrap no longer decides alone...
+    assert r.status(2)[0] == PRIVATE  # ...what it decided stands, like any decided status...
+    r.record("s2", True, 3)
+    assert r.status(3) == (PUBLIC, "2 of 3 peers dialed us back")  # ...until two peers decide against it
+    r = Reachability(confirmations=2, max_age=100, trusted=frozenset({boot}))
+    r.record(boot, True, 0)
+    assert r.status(0) == (PUBLIC, "bootstrap peer trapPeer dialed us back; no other peer has answered")
+    r.record("s1", False, 50)
+    assert r.status(50)[0] == PUBLIC  # a 1-1 dispute keeps the decided status until it is too old
+    r.record(boot, True, 60)
+    assert r.status(101) == (UNKNOWN, "1 of 2 peers dialed us back: too few to decide (2 must agree)")
+
+
+def test_unknown_says_how_many_verdicts_came_in() -> None:
+    r = Reachability(confirmations=2, max_age=100)
+    assert r.status(1000)[0] == UNKNOWN
+    r.record("s1", False, 1001)  # the reason is not stuck at "no verdicts yet"
+    assert r.status(1001) == (UNKNOWN, "0 of 1 peers dialed us back: too few to decide (2 must agree)")
+
+
+@pytest.mark.anyio
+async def test_a_node_whose_only_peer_is_its_bootstrap_decides_on_its_word() -> None:
+    boot = Libp2pTransport(create_new_key_pair(), nat_traversal=True)
+    stranger = Libp2pTransport(create_new_key_pair(), nat_traversal=True)  # joined through someone else
+    me = Libp2pTransport(create_new_key_pair(), nat_traversal=True, bootstrap_peers=[boot.peer_id])
+    async with boot.run([LOOPBACK]), stranger.run([LOOPBACK]), me.run([LOOPBACK]):
+        boot.autonat_server.limit = RateLimit(0, 100, 60)  # both ask from 127.0.0.1
+        for t in (stranger, me):
+            await t.host.connect(PeerInfo(boot.host.get_id(), boot.host.get_transport_addrs()))
+        with anyio.fail_after(30):
+            assert await stranger.autonat.check_once() == (
+                UNKNOWN, "1 of 1 peers dialed us back: too few to decide (2 must agree)")
+            status, reason = await me.autonat.check_once()
+        assert (status, reason) == (PUBLIC, f"bootstrap peer {boot.peer_id[-8:]} dialed us back; no other peer has answered")

@@ -82,7 +82,7 @@ def test_unpunchable_nat_falls_back_to_the_relay_and_survives_losing_it(tmp_path
 class _OnePublicNode(NatSwarm):
     """The smallest deployment: the bootstrap ("boot", `--relay-service`) is the only reachable peer and the only relay."""
 
-    def __init__(self, root, **kwargs) -> None:  # noqa: ANN001
+    def __init__(self, root, **kwargs) -> None:
         super().__init__(root, **kwargs)
         self.public = ("boot",)
 
@@ -98,7 +98,7 @@ def test_one_public_bootstrap_is_enough_for_nated_peers(tmp_path) -> None:
     with _OnePublicNode(tmp_path, duration=150) as swarm:
         names = {ns.name for ns in swarm.net.namespaces}
         boot_id = swarm.peer_id("boot")
-        both = lambda condition: all(condition(n) for n in ("a", "b"))  # noqa: E731
+        both = lambda condition: all(condition(n) for n in ("a", "b"))
         t_private = swarm.wait_until(lambda: both(lambda n: swarm.network(n).reachability == "private"),
                                      "a and b private", 90)
         for name in ("a", "b"):  # decided on the bootstrap's word alone: it is the only public peer
