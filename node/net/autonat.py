@@ -102,8 +102,8 @@ class Reachability:
             others = "no other peer has answered" if len(fresh) == 1 else f"{len(fresh) - 1} other peers agree"
             self._decided = (PUBLIC if yes else PRIVATE, f"bootstrap peer {vouching[0][-8:]} {verdict}; {others}", now)
         elif self._decided[0] == UNKNOWN or now - self._decided[2] > self.max_age:
-            counted = f"{yes} of {len(fresh)} peers dialed us back" if fresh else "no dial-back verdicts yet"
-            self._decided = (UNKNOWN, f"{counted}: too few to decide ({self.confirmations} must agree)", now)
+            counted = f"{yes} of {len(fresh)} peers dialed us back; {self.confirmations} must agree to decide"
+            self._decided = (UNKNOWN, counted if fresh else "no dial-back verdicts yet", now)
         return self._decided[0], self._decided[1]
 
 
