@@ -3,11 +3,14 @@
 Through real NAT (namespaces) in `tests/test_nat.py`.
 """
 
+import random
 from contextlib import AsyncExitStack
+from types import SimpleNamespace
 
 import anyio
 import multiaddr
 import pytest
+import trio.testing
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.host.autonat.pb.autonat_pb2 import Message
 from libp2p.peer.id import ID
@@ -18,6 +21,7 @@ from murmur.node.net.autonat import (
     PRIVATE,
     PUBLIC,
     UNKNOWN,
+    AutoNatClient,
     RateLimit,
     Reachability,
     dial_back_candidates,
@@ -140,3 +144,105 @@ async def test_peers_on_loopback_find_each_other_public() -> None:
         assert info["reachability"] == PUBLIC
         assert set(info["connections"].values()) == {"direct"}
         assert info["relayed_via"] == {}
+
+
+def test_a_bootstrap_peer_decides_alone_until_another_peer_disputes_it() -> None:
+    boot = "12D3KooWBootstrapPeer"
+    r = Reachability(confirmations=2, max_age=100, trusted=frozenset({boot}))
+    r.record("stranger", False, 0)
+    assert r.status(0) == (UNKNOWN, "0 of 1 peers dialed us back; 2 must agree to decide")  # a stranger alone: no
+    r = Reachability(confirmations=2, max_age=100, trusted=frozenset({boot}))
+    r.record(boot, False, 0)
+    assert r.status(0) == (PRIVATE, "bootstrap peer trapPeer could not dial us back; no other peer has answered")
+    r.record("s1", False, 1)
+    assert r.status(1) == (PRIVATE, "2 of 2 peers could not dial us back")
+    r.record("s1", True, 2)  # disputed: the bootstrap no longer decides alone...
+    assert r.status(2)[0] == PRIVATE  # ...what it decided stands, like any decided status...
+    r.record("s2", True, 3)
+    assert r.status(3) == (PUBLIC, "2 of 3 peers dialed us back")  # ...until two peers decide against it
+    r = Reachability(confirmations=2, max_age=100, trusted=frozenset({boot}))
+    r.record(boot, True, 0)
+    assert r.status(0) == (PUBLIC, "bootstrap peer trapPeer dialed us back; no other peer has answered")
+    r.record("s1", False, 50)
+    assert r.status(50)[0] == PUBLIC  # a 1-1 dispute keeps the decided status until it is too old
+    r.record(boot, True, 60)
+    assert r.status(101) == (UNKNOWN, "1 of 2 peers dialed us back; 2 must agree to decide")
+
+
+def test_unknown_says_how_many_verdicts_came_in() -> None:
+    r = Reachability(confirmations=2, max_age=100)
+    assert r.status(1000)[0] == UNKNOWN
+    r.record("s1", False, 1001)  # the reason is not stuck at "no verdicts yet"
+    assert r.status(1001) == (UNKNOWN, "0 of 1 peers dialed us back; 2 must agree to decide")
+
+
+@pytest.mark.anyio
+async def test_a_node_whose_only_peer_is_its_bootstrap_decides_on_its_word() -> None:
+    boot = Libp2pTransport(create_new_key_pair(), nat_traversal=True)
+    stranger = Libp2pTransport(create_new_key_pair(), nat_traversal=True)  # joined through someone else
+    me = Libp2pTransport(create_new_key_pair(), nat_traversal=True, bootstrap_peers=[boot.peer_id])
+    async with boot.run([LOOPBACK]), stranger.run([LOOPBACK]), me.run([LOOPBACK]):
+        boot.autonat_server.limit = RateLimit(0, 100, 60)  # both ask from 127.0.0.1
+        for t in (stranger, me):
+            await t.host.connect(PeerInfo(boot.host.get_id(), boot.host.get_transport_addrs()))
+        with anyio.fail_after(30):
+            assert await stranger.autonat.check_once() == (
+                UNKNOWN, "1 of 1 peers dialed us back; 2 must agree to decide")
+            status, reason = await me.autonat.check_once()
+        assert (status, reason) == (PUBLIC, f"bootstrap peer {boot.peer_id[-8:]} dialed us back; no other peer has answered")
+
+
+class _FakeHost:
+    """Just enough of a host for `AutoNatClient`: each of `peers` directly connected."""
+
+    def __init__(self, peers: list[ID]) -> None:
+        direct = SimpleNamespace(get_transport_addresses=lambda: [multiaddr.Multiaddr("/ip4/192.0.2.1/tcp/4001")])
+        self._network = SimpleNamespace(connections={p: [direct] for p in peers})
+
+    def get_network(self) -> SimpleNamespace:
+        return self._network
+
+    def get_peerstore(self) -> None:
+        return None
+
+
+class _NatedQueries:
+    """The answers a NATed node gets: each server tries for `DIAL_BACK_TIMEOUT`-like 5 s, then fails."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[float, ID]] = []
+
+    async def query_server(self, server: ID, addrs: list[bytes], timeout: float) -> tuple[int, None]:
+        self.asked.append((anyio.current_time(), server))
+        await anyio.sleep(5)
+        return Message.E_DIAL_ERROR, None
+
+
+def _peer() -> ID:
+    return ID.from_pubkey(create_new_key_pair().public_key)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", [("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)})])
+async def test_a_nated_node_that_knows_only_its_bootstrap_is_private_after_one_dial_back() -> None:
+    boot = _peer()
+    client = AutoNatClient(_FakeHost([boot]), lambda: ["/ip4/10.0.0.2/tcp/4001"], clock=anyio.current_time,
+                           trusted=frozenset({boot.to_base58()}))
+    client._query = queries = _NatedQueries()
+    start = anyio.current_time()
+    with anyio.move_on_after(300):
+        await client.run()  # every 3 s while unknown, then every 120 s
+    assert client.status() == (PRIVATE, f"bootstrap peer {boot.to_base58()[-8:]} could not dial us back; no other peer has answered")
+    assert [t - start for t, _ in queries.asked] == [0, 125, 250]  # decided by the first answer
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", [("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)})])
+async def test_bootstrap_peers_are_asked_first() -> None:
+    boot, strangers = _peer(), [_peer() for _ in range(5)]
+    for seed in range(10):
+        client = AutoNatClient(_FakeHost([*strangers, boot]), lambda: ["/ip4/10.0.0.2/tcp/4001"],
+                               clock=anyio.current_time, rng=random.Random(seed), trusted=frozenset({boot.to_base58()}))
+        client._query = queries = _NatedQueries()
+        assert await client.check_once(max_servers=2) == (PRIVATE, "2 of 2 peers could not dial us back")
+        assert len(queries.asked) == 2 and boot in {server for _, server in queries.asked}  # 2 of 6, boot always

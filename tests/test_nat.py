@@ -3,7 +3,8 @@
 Proves: NATed peers cannot be dialed; AutoNAT says private for them and public for the others; relays are
 found without being named; DCUtR makes the NATed pair's connection direct and models move over it; behind
 a NAT that punching cannot pass they keep training through a relay, and a killed relay costs at most one
-exchange; nothing is left behind. (~60-90 s each on 2 cores.)
+exchange; the smallest deployment (one public bootstrap with `--relay-service`, NATed peers given only
+`--bootstrap`) works as well; nothing is left behind. (~60-90 s each on 2 cores.)
 """
 
 import subprocess
@@ -75,4 +76,44 @@ def test_unpunchable_nat_falls_back_to_the_relay_and_survives_losing_it(tmp_path
 
         swarm.wait_until(lambda: re_reserved("a") and re_reserved("b"), "two live reservations each again", 60)
         assert _connection(swarm, "a", "b") == "relayed"
+    assert not any(p.alive() for p in swarm.peers.values())
+
+
+class _OnePublicNode(NatSwarm):
+    """The smallest deployment: the bootstrap ("boot", `--relay-service`) is the only reachable peer and the only relay."""
+
+    def __init__(self, root, **kwargs) -> None:
+        super().__init__(root, **kwargs)
+        self.public = ("boot",)
+
+
+def _merged_with(swarm: NatSwarm, name: str, partner: str) -> bool:
+    partner_id = swarm.peer_id(partner)
+    status = swarm.status(name)
+    return status is not None and any(
+        o.result == Result.MERGED and o.partner == partner_id for o in status.recent_exchanges)
+
+
+def test_one_public_bootstrap_is_enough_for_nated_peers(tmp_path) -> None:
+    with _OnePublicNode(tmp_path, duration=150) as swarm:
+        names = {ns.name for ns in swarm.net.namespaces}
+        boot_id = swarm.peer_id("boot")
+        both = lambda condition: all(condition(n) for n in ("a", "b"))
+        t_private = swarm.wait_until(lambda: both(lambda n: swarm.network(n).reachability == "private"),
+                                     "a and b private", 90)
+        for name in ("a", "b"):  # decided on the bootstrap's word alone: it is the only public peer
+            assert "bootstrap" in swarm.network(name).reachability_reason, swarm.network(name).reachability_reason
+        t_reserved = swarm.wait_until(lambda: both(lambda n: any(boot_id in r for r in swarm.network(n).relays)),
+                                      "a and b reserved on the bootstrap", 60)
+        t_met = swarm.wait_until(lambda: swarm.peer_id("b") in swarm.network("a").connections
+                                 or swarm.peer_id("a") in swarm.network("b").connections, "an a-b connection", 90)
+        t_merged = swarm.wait_until(lambda: _merged_with(swarm, "a", "b") or _merged_with(swarm, "b", "a"),
+                                    "a merged a-b exchange", 90)
+        t_direct = swarm.wait_until(lambda: _connection(swarm, "a", "b") == "direct" and _connection(swarm, "b", "a") == "direct",
+                                    "a direct a-b connection (hole punched)", 60)
+        swarm.wait_until(lambda: swarm.network("a").hole_punched + swarm.network("b").hole_punched >= 1,
+                         "status counting the punched hole", 10)
+        print(f"one public node: both private at {t_private:.1f} s, both reserved at {t_reserved:.1f} s, "
+              f"a-b connected at {t_met:.1f} s, merged at {t_merged:.1f} s, direct at {t_direct:.1f} s")
+    assert not names & _namespaces()
     assert not any(p.alive() for p in swarm.peers.values())

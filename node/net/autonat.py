@@ -9,7 +9,10 @@
   turns their verdicts into "public", "private" or "unknown" (with a reason).
 
 Verdicts are untrusted input: one peer counts once (its latest verdict), a status needs
-`confirmations` agreeing peers, and verdicts expire.
+`confirmations` agreeing peers, and verdicts expire. One exception makes the smallest deployment
+work (one public bootstrap, everyone else behind NAT, so a NATed node has a single peer to ask):
+a bootstrap peer's verdict decides alone while no other peer's verdict disputes it
+(`Reachability.trusted`; see there for what a lying bootstrap can and cannot do).
 """
 
 from __future__ import annotations
@@ -53,11 +56,30 @@ class Reachability:
 
     A status needs `confirmations` distinct peers agreeing among verdicts younger than `max_age`;
     a tie goes to "public" (a dial-back that worked is the stronger evidence); too few
-    agreeing verdicts keep the last decided status until its verdicts expire.
+    agreeing verdicts keep the last decided status until its verdicts expire. The reason of
+    "unknown" counts the fresh verdicts, so it says what is missing.
+
+    `trusted` holds the peer IDs this node was told to join through (`--bootstrap`, whose IDs
+    the Noise handshake authenticates). While every fresh verdict agrees and one of them is a
+    trusted peer's, that is enough: behind NAT with a single public bootstrap there is no second
+    peer that could answer. What one lying bootstrap can do with this, and no more:
+
+    - call a private node "public": it reserves no relay, so other NATed peers cannot reach it.
+      A bootstrap can already do that by not introducing it to anyone;
+    - call a public node "private": it reserves on relays (see `murmur.node.net.autorelay`) and
+      advertises their circuits, so its traffic detours through a relay, end-to-end encrypted
+      and authenticated as always.
+
+    Neither outlasts the other peers' answers: once another peer disagrees, the bootstrap no
+    longer decides alone (what it decided stands as any decided status does, until `max_age`),
+    and `confirmations` agreeing peers decide against it at once (a node found public releases
+    the relays it found). A bootstrap's verdict never makes the node dial anyone, and the
+    dial-back rules of `AutoNatServer` are unchanged. Peers not named as bootstraps gain nothing.
     """
 
     confirmations: int = 2
     max_age: float = 600.0
+    trusted: frozenset[str] = frozenset()
     _verdicts: dict[str, tuple[bool, float]] = field(default_factory=dict)
     _decided: tuple[str, str, float] = (UNKNOWN, "no dial-back verdicts yet", 0.0)
 
@@ -67,14 +89,21 @@ class Reachability:
 
     def status(self, now: float) -> tuple[str, str]:
         """The current status and the reason for it."""
-        fresh = [ok for ok, t in self._verdicts.values() if now - t <= self.max_age]
-        yes, no = sum(fresh), len(fresh) - sum(fresh)
+        fresh = {server: ok for server, (ok, t) in self._verdicts.items() if now - t <= self.max_age}
+        yes = sum(fresh.values())
+        no = len(fresh) - yes
+        vouching = sorted(server for server in fresh if server in self.trusted)
         if yes >= self.confirmations and yes >= no:
             self._decided = (PUBLIC, f"{yes} of {len(fresh)} peers dialed us back", now)
         elif no >= self.confirmations and no > yes:
             self._decided = (PRIVATE, f"{no} of {len(fresh)} peers could not dial us back", now)
-        elif now - self._decided[2] > self.max_age:
-            self._decided = (UNKNOWN, f"{yes} dial-backs succeeded and {no} failed: too few to decide", now)
+        elif vouching and (yes == 0 or no == 0):  # a bootstrap's answer, and no peer disputes it
+            verdict = "dialed us back" if yes else "could not dial us back"
+            others = "no other peer has answered" if len(fresh) == 1 else f"{len(fresh) - 1} other peers agree"
+            self._decided = (PUBLIC if yes else PRIVATE, f"bootstrap peer {vouching[0][-8:]} {verdict}; {others}", now)
+        elif self._decided[0] == UNKNOWN or now - self._decided[2] > self.max_age:
+            counted = f"{yes} of {len(fresh)} peers dialed us back; {self.confirmations} must agree to decide"
+            self._decided = (UNKNOWN, counted if fresh else "no dial-back verdicts yet", now)
         return self._decided[0], self._decided[1]
 
 
@@ -204,18 +233,21 @@ class AutoNatServer(AutoNATService):
 class AutoNatClient:
     """Asks directly connected peers to dial us back; keeps `reachability` up to date.
 
-    `listen_addrs()` gives what to send (only the ports matter to a Murmur server).
+    `listen_addrs()` gives what to send (only the ports matter to a Murmur server). `trusted`:
+    the bootstrap peers' IDs, whose verdict may decide alone (`Reachability`); they are asked
+    first, since a NATed node may have no one else to ask.
     """
 
     def __init__(
         self, host: BasicHost, listen_addrs: Callable[[], list[str]], *,
         confirmations: int = 2, clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
+        trusted: frozenset[str] = frozenset(),
     ) -> None:
         self.host = host
         self.listen_addrs = listen_addrs
         self.clock = clock
         self.rng = rng or random.Random()
-        self.reachability = Reachability(confirmations=confirmations)
+        self.reachability = Reachability(confirmations=confirmations, trusted=frozenset(trusted))
         self._query = AutoNATService(host, serve=False)
         self._logged = UNKNOWN
 
@@ -231,9 +263,10 @@ class AutoNatClient:
         return peers
 
     async def check_once(self, max_servers: int = 3) -> tuple[str, str]:
-        """Ask up to `max_servers` directly connected peers, concurrently; return the new status."""
+        """Ask up to `max_servers` directly connected peers (bootstrap peers among them), concurrently; return the new status."""
         servers = self.direct_peers()
         self.rng.shuffle(servers)
+        servers.sort(key=lambda server: server.to_base58() not in self.reachability.trusted)  # bootstraps first
         addrs = [multiaddr.Multiaddr(a.split("/p2p/")[0]).to_bytes() for a in self.listen_addrs()]
 
         async def ask(server: ID) -> None:

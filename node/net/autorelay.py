@@ -2,7 +2,10 @@
 
 A relay is a peer that speaks circuit relay v2 HOP (`murmur run --relay-service`), which identify
 tells us once we are connected to it. The finder keeps `want` reservations (dropping relays that
-stop answering, see `CircuitRelay.adopt`), so no relay address has to be typed.
+stop answering, see `CircuitRelay.adopt`), so no relay address has to be typed. With a single
+public bootstrap that relays, that one reservation is what lets NATed peers meet. A node that
+AutoNAT later finds public releases the relays it found (`relay_plan` decides, and says why), so
+a wrong "private" verdict does not keep its traffic on a relay.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL
 
-from murmur.node.net.autonat import PRIVATE
+from murmur.node.net.autonat import PRIVATE, PUBLIC
 from murmur.node.net.relay import CircuitRelay, RelayError, is_circuit, is_relayed
 
 log = logging.getLogger("murmur.autorelay")
@@ -26,6 +29,24 @@ log = logging.getLogger("murmur.autorelay")
 PROBE_TIMEOUT = 5.0  # connecting to a known peer to learn (through identify) whether it relays
 PROBES_PER_ROUND = 2
 RETRY_DROPPED_AFTER = 120.0  # a relay we gave up on is tried again after this long
+RESERVE, RELEASE, HOLD = "reserve", "release", "hold"
+
+
+def relay_plan(reachability: str, reserved: int, found: int, want: int) -> tuple[str, str]:
+    """What the finder does now, and why: `RESERVE` more relays, `RELEASE` the ones it found, or `HOLD`.
+
+    `reserved`: relays holding a reservation for us now (configured or found); `found`: relays
+    adopted at run time. Only a "private" node looks for relays; an "unknown" one keeps what it
+    has (a verdict can expire for a while); a "public" one needs none of the relays it found
+    (relays named with `--relay` are the operator's choice and never released).
+    """
+    if reachability == PRIVATE:
+        if reserved < want:
+            return RESERVE, f"private, and {reserved} of {want} relays reserved"
+        return HOLD, f"private, and {reserved} of {want} relays reserved"
+    if reachability == PUBLIC and found:
+        return RELEASE, "this node is public: peers can dial it directly"
+    return HOLD, f"{reachability}: relays are looked for only when private"
 
 
 class RelayFinder:
@@ -46,6 +67,7 @@ class RelayFinder:
         self.want = want
         self.acceptable: Callable[[str], bool] = lambda peer_id: True  # e.g. on the allow-list and not banned
         self._probed: set[str] = set()
+        self.plan: tuple[str, str] = (HOLD, "not started")
 
     def relay_candidates(self) -> list[str]:
         """`<transport addr>/p2p/<id>` of connected peers that relay, over a direct connection, best first."""
@@ -87,8 +109,16 @@ class RelayFinder:
                 log.debug("probing %s for relaying failed: %r", pid[-8:], exc)
 
     async def step(self) -> int:
-        """One round: adopt relays until `want` hold a reservation; return how many do."""
-        if self.reachability() != PRIVATE:
+        """One round of `relay_plan`: adopt relays until `want` hold a reservation, or release the
+        found ones of a public node; return how many hold a reservation."""
+        plan = relay_plan(self.reachability(), len(self.relay.addresses()), len(self.relay.discovered), self.want)
+        if plan != self.plan:
+            self.plan = plan
+            log.debug("relays: %s (%s)", *plan)
+        if plan[0] == RELEASE:
+            for relay in sorted(self.relay.discovered):
+                self.relay.release(relay, plan[1])
+        if plan[0] != RESERVE:
             return len(self.relay.addresses())
         if len(self.relay.addresses()) < self.want and not self.relay_candidates():
             await self.probe()

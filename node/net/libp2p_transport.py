@@ -99,7 +99,9 @@ class Libp2pTransport(Transport):
     circuit-relay v2 peers (`…/p2p/<relay id>`) to reserve a slot on, whose circuit
     addresses are advertised too; `relay_service` makes this node relay for others.
     `nat_traversal` turns on AutoNAT (serving and asking), DCUtR hole punching and, with
-    `auto_relay`, relay discovery once AutoNAT says this node is private.
+    `auto_relay`, relay discovery once AutoNAT says this node is private. `bootstrap_peers`
+    (peer IDs) are the peers this node joins through: AutoNAT takes one of their verdicts
+    alone while no other peer disputes it (`murmur.node.net.autonat.Reachability`).
     Raises `ValueError` for a malformed address.
     """
 
@@ -113,6 +115,7 @@ class Libp2pTransport(Transport):
         relay_service: bool = False,
         nat_traversal: bool = False,
         auto_relay: bool = False,
+        bootstrap_peers: Sequence[str] = (),
     ) -> None:
         self.peer_id = ID.from_pubkey(key_pair.public_key).to_base58()
         self.announce = [_own_address(a, self.peer_id) for a in announce]
@@ -125,7 +128,7 @@ class Libp2pTransport(Transport):
         self.known_peers: Callable[[], dict[str, list[str]]] = dict  # the node sets this (its membership table)
         if nat_traversal:
             self.autonat_server = AutoNatServer(self.host)
-            self.autonat = AutoNatClient(self.host, self.listen_addresses)
+            self.autonat = AutoNatClient(self.host, self.listen_addresses, trusted=frozenset(bootstrap_peers))
             self.puncher = HolePuncher(self.host)
             self.finder = RelayFinder(self.host, self.relay, self.reachability, lambda: self.known_peers(),
                                       want=2 if auto_relay else 0)

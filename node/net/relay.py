@@ -6,7 +6,8 @@
 - A node with `hop=True` relays for others within `RELAY_LIMITS`.
 - With `auto=True` it serves relayed connections even without configured relays, and
   `adopt()` adds relays found at run time (`murmur.node.net.autorelay`); a discovered relay that
-  stops answering is dropped (`on_drop` is told) instead of being retried forever.
+  stops answering is dropped instead of being retried forever, and `release()` lets go of one
+  that is no longer needed (the node turned out to be public).
 
 A circuit carries an ordinary libp2p connection: the two ends run their own Noise
 handshake and yamux inside it, so the relay forwards ciphertext and both ends
@@ -129,6 +130,7 @@ class CircuitRelay:
         self.auto = auto
         self.discovered: set[str] = set()  # relay addrs adopted at run time
         self.dropped: dict[str, float] = {}  # relay peer id -> when a discovered relay was given up (Unix time)
+        self._keeping: dict[str, anyio.CancelScope] = {}  # relay addr -> the scope of the task that keeps it
         self._tg: anyio.abc.TaskGroup | None = None
 
     @property
@@ -183,6 +185,23 @@ class CircuitRelay:
         self.discovered.add(relay)
         await self._tg.start(self._keep_reserved, relay)
         return relay in self._reserved
+
+    def release(self, relay: str, reason: str) -> None:
+        """Stop keeping the reservation on `relay`, one found at run time, and stop advertising its circuit.
+
+        The relay connection stays (it may carry other traffic); the relay frees the slot when its
+        TTL ends. Raises `RelayError` for a relay that was configured, not found, or is not in use.
+        """
+        if relay not in self.discovered:
+            raise RelayError(f"{relay} is not a relay found at run time")
+        scope = self._keeping.pop(relay, None)
+        if scope is not None:
+            scope.cancel()
+        self.relays.remove(relay)
+        self._relay_ids.pop(relay, None)
+        self.discovered.discard(relay)
+        self._reserved.pop(relay, None)
+        log.info("released relay %s: %s", relay, reason)
 
     def _drop(self, relay: str) -> None:
         self.relays.remove(relay)
@@ -254,7 +273,18 @@ class CircuitRelay:
     async def _keep_reserved(
         self, relay: str, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Hold a reservation on `relay` forever; `started` after the first attempt, success or not."""
+        """Hold a reservation on `relay` until it is dropped or released; `started` after the first attempt."""
+        with anyio.CancelScope() as scope:
+            self._keeping[relay] = scope
+            try:
+                await self._hold(relay, task_status)
+            finally:
+                if self._keeping.get(relay) is scope:
+                    del self._keeping[relay]
+                if relay not in self.relays:  # released while a reservation attempt was finishing
+                    self._reserved.pop(relay, None)
+
+    async def _hold(self, relay: str, task_status: anyio.abc.TaskStatus[None]) -> None:
         pid = ID.from_base58(self._relay_ids[relay])
         expires = await self._try_reserve(relay)
         task_status.started()

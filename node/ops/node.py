@@ -338,6 +338,7 @@ def build_transport(config: NodeConfig, key_pair: KeyPair, bans: BanList) -> Gua
         key_pair, max_connections=config.max_connections,
         announce=config.announce, relays=relays, relay_service=config.relay_service,
         nat_traversal=config.nat_traversal, auto_relay=not relays or AUTO_RELAY in config.relays,
+        bootstrap_peers=[addr.rsplit("/p2p/", 1)[-1] for addr in config.bootstrap],  # AutoNAT trusts their word
     )
     guarded = GuardedTransport(
         inner,
