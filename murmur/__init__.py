@@ -10,12 +10,31 @@ into this package when it is installed, and the lines below do the same for a so
 from __future__ import annotations
 
 from importlib import import_module
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 _here = Path(__file__).resolve().parent
 if not (_here / "node").is_dir() and (_here.parent / "node" / "__init__.py").is_file():
     __path__.append(str(_here.parent))  # a checkout: murmur.node is ../node (an installed wheel has murmur/node)
+
+
+def _version() -> str:
+    """pyproject.toml's version, as the installed package's metadata has it; read from pyproject.toml
+    itself in a checkout that was never installed."""
+    try:
+        return version("murmur")
+    except PackageNotFoundError:
+        import tomllib
+
+        try:
+            with (_here.parent / "pyproject.toml").open("rb") as f:
+                return str(tomllib.load(f)["project"]["version"])
+        except (OSError, KeyError, tomllib.TOMLDecodeError):
+            return "0+unknown"
+
+
+__version__ = _version()
 
 # Imported on first use, so `murmur.node.net` (which needs no torch) does not load the API's torch.
 _PUBLIC = {

@@ -1,8 +1,17 @@
-"""The `murmur` command's process behaviour: stop signals end it cleanly, never with a signal."""
+"""The `murmur` command's process behaviour: stop signals end it cleanly, never with a signal; errors are
+one line; a closed pipe, `--version` and a torch-free health check."""
 
+import os
+import shlex
 import subprocess
 import sys
+import time
+import tomllib
 from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_a_stop_request_after_the_command_finished_does_not_kill_it(tmp_path: Path) -> None:
@@ -20,3 +29,66 @@ def test_a_stop_request_after_the_command_finished_does_not_kill_it(tmp_path: Pa
     assert "still here" in done.stdout
 
 
+def _murmur(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "murmur.node.cli", *args], capture_output=True, text=True, timeout=120,
+                          check=False, **kwargs)  # fmt: skip
+
+
+def _write_status(data_dir: Path) -> None:
+    from status_example import example_status
+
+    from murmur.node.ops.status import STATUS_FILE
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    many = tuple(f"/ip4/10.0.0.{i}/tcp/4001/p2p/12D3KooWself" for i in range(4000))  # more than a pipe holds
+    (data_dir / STATUS_FILE).write_text(example_status(addrs=many, pid=os.getpid(), t=time.time()).to_json())
+
+
+def test_a_reader_that_closes_the_pipe_early_gets_no_traceback(tmp_path: Path) -> None:
+    # `murmur status --json | head -1`: head exits after one line; murmur must end quietly.
+    _write_status(tmp_path)
+    command = f"{shlex.quote(sys.executable)} -m murmur.node.cli status --json --data-dir {tmp_path} | head -c 1"
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", command], capture_output=True, text=True, timeout=60)
+    assert done.stdout == "{"
+    assert done.stderr == ""
+    assert done.returncode == 1  # Python's advice for a closed pipe (pipefail passes it on)
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["run", "--bogus"], "murmur run: error: unrecognized arguments: --bogus (murmur run --help for the options)"),
+        (["status", "--json", "--health"], "murmur status: error: argument --health: not allowed with argument --json "
+                                           "(murmur status --help for the options)"),
+        (["id", "--bogus"], "murmur: error: unrecognized arguments: --bogus (murmur --help for the options)"),
+    ],
+)  # fmt: skip
+def test_a_flag_error_is_one_line_with_where_to_look(args: list[str], line: str) -> None:
+    done = _murmur(*args)
+    assert done.returncode == 2
+    assert done.stderr == line + "\n"
+
+
+def test_version_comes_from_the_package_metadata() -> None:
+    import murmur
+
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        expected = tomllib.load(f)["project"]["version"]
+    assert murmur.__version__ == expected
+    done = _murmur("--version")
+    assert (done.returncode, done.stdout) == (0, f"murmur {expected}\n")
+
+
+def test_status_health_does_not_import_torch(tmp_path: Path) -> None:
+    # A container's HEALTHCHECK runs it every few seconds: torch would cost a second and a lot of memory.
+    _write_status(tmp_path)
+    script = (
+        "import sys\n"
+        "from murmur.node.cli import main\n"
+        f"code = main(['status', '--health', '--data-dir', {str(tmp_path)!r}])\n"
+        "assert code == 0, code\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "healthy\n"

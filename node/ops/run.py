@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ctypes
 import dataclasses
 import gc
@@ -11,15 +10,17 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 import anyio
 
 from murmur.node.ops.config import add_options, run_settings
 from murmur.node.ops.config_sources import ConfigError, resolve_options
 from murmur.node.ops.logs import configure_logging
+from murmur.node.ops.parsing import Parser
+from murmur.node.ops.process import exit_now, quiet_stop_signals  # noqa: F401  (the lab's entry points use them from here)
 
 if TYPE_CHECKING:
     from murmur.node.ops.node import Node
@@ -37,7 +38,7 @@ RUN_EPILOG = (
 
 def build_run_parser() -> argparse.ArgumentParser:
     """`murmur run` alone: the options that flags, MURMUR_* variables and --config files set."""
-    parser = argparse.ArgumentParser(prog="murmur run", description="Run a Murmur peer (the daemon).", epilog=RUN_EPILOG)
+    parser = Parser(prog="murmur run", description="Run a Murmur peer (the daemon).", epilog=RUN_EPILOG)
     add_options(parser)
     return parser
 
@@ -125,30 +126,5 @@ def main(argv: list[str], around: Around | None = None) -> int:
     return cmd_run(args, around)
 
 
-def _exit_quietly(signum: int, frame: object) -> None:
-    raise SystemExit(0)
-
-
-@contextlib.contextmanager
-def quiet_stop_signals() -> Iterator[None]:
-    """A SIGTERM while a command starts up (importing torch) exits cleanly; once it has returned,
-    stop signals are ignored. Python resets handlers to the default while tearing down, which
-    would let a late SIGTERM kill a finished process (-15). A running node handles signals itself."""
-    signal.signal(signal.SIGTERM, _exit_quietly)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def exit_now(code: int) -> NoReturn:
-    """Exit at once after `murmur run` stopped cleanly (checkpoint and status on disk): the
-    interpreter's teardown of torch and libp2p would take another 1-3 s, which every restart,
-    benchmark run and supervisor waits for."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    logging.shutdown()
-    os._exit(code)
 
 

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from murmur.node.ops.node_status import NodeStatus, NotAStatus
+from murmur.node.ops.parsing import Parser
 
 STATUS_FILE = "status.json"  # written by murmur.node.ops.node (which imports it from here: this module stays torch-free)
 MAX_STALENESS_S = 30.0
@@ -145,7 +146,7 @@ def render(status: NodeStatus, now: float, console: Console) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="murmur status", description="Show a running node's state (from its data dir)."
     )
     parser.add_argument(
