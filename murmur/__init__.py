@@ -10,7 +10,6 @@ into this package when it is installed, and the lines below do the same for a so
 from __future__ import annotations
 
 from importlib import import_module
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,8 @@ if not (_here / "node").is_dir() and (_here.parent / "node" / "__init__.py").is_
 def _version() -> str:
     """pyproject.toml's version, as the installed package's metadata has it; read from pyproject.toml
     itself in a checkout that was never installed."""
+    from importlib.metadata import PackageNotFoundError, version  # slow to import: only when asked
+
     try:
         return version("murmur")
     except PackageNotFoundError:
@@ -33,19 +34,18 @@ def _version() -> str:
         except (OSError, KeyError, tomllib.TOMLDecodeError):
             return "0+unknown"
 
-
-__version__ = _version()
-
 # Imported on first use, so `murmur.node.net` (which needs no torch) does not load the API's torch.
 _PUBLIC = {
     "Peer": "murmur.peer", "PeerClosed": "murmur.peer",
-    "DeviceError": "murmur.node.learn.device",
+    "DeviceError": "murmur.node.learn.device", "DataDirLocked": "murmur.node.ops.data_dir",
     "ForeignOptimizer": "murmur.node.learn.user_loop", "ModelMismatch": "murmur.node.learn.user_loop",
 }  # fmt: skip
 __all__ = sorted(_PUBLIC)
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        return _version()
     if name not in _PUBLIC:
         raise AttributeError(f"module 'murmur' has no attribute {name!r}")
     return getattr(import_module(_PUBLIC[name]), name)

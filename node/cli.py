@@ -11,15 +11,16 @@ finds it in its checkout, any other install says in one line where to get it.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
-from murmur import __version__
 from murmur.node.ops import process
 from murmur.node.ops.parsing import Parser
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from murmur import __version__
     from murmur.node.ops.status import default_data_dir
 
     parser = Parser(prog="murmur", description="Decentralized gossip training of PyTorch models.")
@@ -95,6 +96,7 @@ def entry() -> None:
 
     Ctrl-C exits 130 and a closed stdout 1, without a traceback (`process.run_command`)."""
     argv = sys.argv[1:]
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even where started with Ctrl-C ignored (`murmur run &`)
     code = process.run_command(lambda: main(argv))
     if argv[:1] == ["run"] or code in (process.INTERRUPTED, process.BROKEN_PIPE):
         process.exit_now(code)  # nothing left worth tearing down, and teardown could still print
