@@ -98,8 +98,7 @@ def test_status_health_does_not_import_torch(tmp_path: Path) -> None:
 def _start_run(data_dir: Path) -> subprocess.Popen:
     argv = [sys.executable, "-m", "murmur.node.cli", "run", "--data-dir", str(data_dir), "--listen", "/ip4/127.0.0.1/tcp/0",
             "--duration", "60"]  # fmt: skip
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a terminal starts it
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 @pytest.mark.parametrize("delay", [0.2, 0.6, 1.5])

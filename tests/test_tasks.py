@@ -159,10 +159,10 @@ def test_a_metric_is_reached_at_its_target_or_beyond_in_its_own_order() -> None:
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("digit", "unknown task 'digit': did you mean 'digits'? tasks: digits, charlm, charlm-large, "
-                  "or package.module:factory for your own"),
-        ("os:getcwd", "'os:getcwd' is not a task factory: os.getcwd() returned a str, which lacks name, metric, batch_size, "
-                      "build_model, make_optimizer, train_batches, loss, evaluate (see murmur.node.learn.tasks.Task)"),
+        ("digit", ("unknown task 'digit': did you mean 'digits'? tasks: digits, charlm, charlm-large, "
+                   "or package.module:factory for your own")),
+        ("os:getcwd", ("'os:getcwd' is not a task factory: os.getcwd() returned a str, which lacks name, metric, batch_size, "
+                       "build_model, make_optimizer, train_batches, loss, evaluate (see murmur.node.learn.tasks.Task)")),
         ("os:sep", "'os:sep' is not a task factory: os.sep is a str, not callable"),
     ],
 )  # fmt: skip

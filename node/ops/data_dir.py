@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import os
 from pathlib import Path
+from typing import Self
 
 LOCK_FILE = "murmur.lock"
 
@@ -29,7 +30,9 @@ class DataDirLocked(DataDirError):
 
     def __init__(self, path: Path, pid: int | None) -> None:
         holder = f"PID {pid}" if pid is not None else "PID unknown"
-        super().__init__(path, f"data dir {path} is in use by another Murmur node ({holder}); each node needs its own data dir")
+        super().__init__(
+            path, f"data dir {path} is in use by another Murmur node ({holder}); each node needs its own data dir"
+        )
         self.pid = pid
 
 
@@ -86,7 +89,7 @@ class DataDirLock:
                 os.ftruncate(fd, 0)
             os.close(fd)  # closing the only descriptor releases the flock
 
-    def __enter__(self) -> DataDirLock:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -40,7 +40,6 @@ from murmur.node.net.peers import PeerTable
 from murmur.node.net.security import BanList, GuardedTransport, load_allow_list, load_secret
 from murmur.node.net.transport import Transport
 from murmur.node.ops.config import AUTO_RELAY, NodeConfig
-from murmur.node.ops.data_dir import DataDirLock
 from murmur.node.ops.dashboard import (
     DashboardState,
     SwarmHistory,
@@ -49,6 +48,7 @@ from murmur.node.ops.dashboard import (
     serve_dashboard,
     swarm_view,
 )
+from murmur.node.ops.data_dir import DataDirLock
 from murmur.node.ops.metrics import CountingTransport, NodeMetrics, Traffic
 from murmur.node.ops.node_status import NetworkStatus, NodeStatus
 from murmur.node.ops.status import STATUS_FILE

@@ -98,18 +98,19 @@ def cmd_run(args: argparse.Namespace, around: Around | None = None) -> int:
     except DataDirError as exc:
         print(f"murmur run: error: {_with_fix(exc)}", file=sys.stderr)
         return 1
-    release_big_buffers_promptly()
-    key_pair = load_or_create_identity(config.data_dir)
-    configure_logging(options.log_level, peer_id_of(key_pair), options.log_format)
-    config = dataclasses.replace(config, device=str(device))
     received: list[int] = []
     error: BaseException | None = None
-    # Modules and start-up objects live as long as the process: keep full collections from rescanning them.
-    gc.freeze()
-    try:
-        anyio.run(_run_until_signal, config, key_pair, Pacing(emulation.slowdown), around, received, lock, backend="trio")
-    except* _start_errors() as group:  # a taken port, an unknown task: one line, not a traceback
-        error = _first_leaf(group)
+    with lock:  # the node releases it when it stops; here too, should it never get that far
+        release_big_buffers_promptly()
+        key_pair = load_or_create_identity(config.data_dir)
+        configure_logging(options.log_level, peer_id_of(key_pair), options.log_format)
+        config = dataclasses.replace(config, device=str(device))
+        # Modules and start-up objects live as long as the process: keep full collections from rescanning them.
+        gc.freeze()
+        try:
+            anyio.run(_run_until_signal, config, key_pair, Pacing(emulation.slowdown), around, received, lock, backend="trio")
+        except* _start_errors() as group:  # a taken port, an unknown task: one line, not a traceback
+            error = _first_leaf(group)
     if error is not None:
         print(f"murmur run: error: {_with_fix(error)}", file=sys.stderr)
         return 2 if _is_setting_error(error) else 1

@@ -126,8 +126,8 @@ def render(status: NodeStatus, now: float, console: Console) -> None:
         ("loss", f"{_num(status.loss)}" + (f" · held-out {escape(evaluation)}" if evaluation else "")),
         ("work weight", _num(status.work, ".0f")),
         ("known peers", str(status.known_peers)),
-        ("reachability", f"{escape(network.reachability)} · connections: {kinds.count('direct')} direct, "
-                         f"{kinds.count('relayed')} relayed"),
+        ("reachability", (f"{escape(network.reachability)} · connections: {kinds.count('direct')} direct, "
+                          f"{kinds.count('relayed')} relayed")),
         ("exchanges", ", ".join(f"{k} {v}" for k, v in sorted(status.exchanges.items())) or "none yet"),
         ("partner distance", _num(status.partner_distance)),
         ("traffic", f"in {_bytes(status.bytes_in)} · out {_bytes(status.bytes_out)}"),
