@@ -24,15 +24,15 @@ def build_parser() -> argparse.ArgumentParser:
     from murmur.node.ops.status import default_data_dir
 
     parser = Parser(prog="murmur", description="Decentralized gossip training of PyTorch models.")
-    parser.add_argument("--version", action="version", version=f"murmur {__version__}")
+    parser.add_argument("--version", action="version", version=f"murmur {__version__}", help="print murmur's version and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     sub.add_parser("run", help="run a peer (the daemon; see --help)", add_help=False)  # parsed by murmur.node.ops.run
     demo = sub.add_parser("demo", help="run a local swarm of emulated heterogeneous peers (from a checkout)")
-    demo.add_argument("--peers", type=int, default=4)
+    demo.add_argument("--peers", type=int, default=4, help="how many peers")
     demo.add_argument("--slowdowns", default="1,1,2,4", help="comma-separated slowdown per peer (cycled)")
     demo.add_argument("--duration", type=float, default=60.0, help="seconds of training")
-    demo.add_argument("--task", default="digits")
-    demo.add_argument("--weighting", default="work")
+    demo.add_argument("--task", default="digits", help="what to train (as murmur run --task)")
+    demo.add_argument("--weighting", default="work", help="how to weight a merge (as murmur run --weighting)")
     demo.add_argument("--step-time", type=float, default=20.0, metavar="MS", help="emulated ms per 32 samples at slowdown 1")
     demo.add_argument("--no-sync", action="store_true", help="skip the synchronous baseline run")
     demo.add_argument("--out", type=Path, default=Path("murmur-demo"), help="folder for peer data, summary and plot")
