@@ -35,6 +35,7 @@ from murmur.node.net.transport import READ_CHUNK, ByteStream, CannotListen, Stre
 DIRECT_DIAL_TIMEOUT = 2.0
 log = logging.getLogger("murmur.transport")
 
+
 def _listen_failure(address: str) -> str:
     """Why a TCP address cannot be listened on, as the OS says it (py-libp2p does not tell)."""
     try:
