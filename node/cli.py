@@ -2,7 +2,8 @@
 source checkout, `demo` a local swarm and `bench` against all-reduce.
 
 It sits above `murmur.node.ops` (the running node), which knows nothing of it; each subcommand
-imports what it needs when it runs, so `murmur status` stays free of torch. `demo` and `bench`
+imports what it needs when it runs, so `murmur status` stays free of torch, and the module
+itself imports little, so a Ctrl-C however early ends in exit status 130, not a traceback. `demo` and `bench`
 belong to the lab (`lab/` beside the package), which is not installed: an editable install
 finds it in its checkout, any other install says in one line where to get it.
 """
@@ -10,24 +11,28 @@ finds it in its checkout, any other install says in one line where to get it.
 from __future__ import annotations
 
 import argparse
-import os
+import signal
 import sys
 from pathlib import Path
 
-from murmur.node.ops import run
-from murmur.node.ops.config import DEFAULT_DATA_DIR
+from murmur.node.ops import process
+from murmur.node.ops.parsing import Parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="murmur", description="Decentralized gossip training of PyTorch models.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    from murmur import __version__
+    from murmur.node.ops.status import default_data_dir
+
+    parser = Parser(prog="murmur", description="Decentralized gossip training of PyTorch models.")
+    parser.add_argument("--version", action="version", version=f"murmur {__version__}", help="print murmur's version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     sub.add_parser("run", help="run a peer (the daemon; see --help)", add_help=False)  # parsed by murmur.node.ops.run
     demo = sub.add_parser("demo", help="run a local swarm of emulated heterogeneous peers (from a checkout)")
-    demo.add_argument("--peers", type=int, default=4)
+    demo.add_argument("--peers", type=int, default=4, help="how many peers")
     demo.add_argument("--slowdowns", default="1,1,2,4", help="comma-separated slowdown per peer (cycled)")
     demo.add_argument("--duration", type=float, default=60.0, help="seconds of training")
-    demo.add_argument("--task", default="digits")
-    demo.add_argument("--weighting", default="work")
+    demo.add_argument("--task", default="digits", help="what to train (as murmur run --task)")
+    demo.add_argument("--weighting", default="work", help="how to weight a merge (as murmur run --weighting)")
     demo.add_argument("--step-time", type=float, default=20.0, metavar="MS", help="emulated ms per 32 samples at slowdown 1")
     demo.add_argument("--no-sync", action="store_true", help="skip the synchronous baseline run")
     demo.add_argument("--out", type=Path, default=Path("murmur-demo"), help="folder for peer data, summary and plot")
@@ -35,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
                    add_help=False)
     sub.add_parser("status", help="show a running node's state, or check its health (see --help)", add_help=False)
     ident = sub.add_parser("id", help="print this node's peer ID (creating its key if needed)")
-    ident.add_argument("--data-dir", type=Path, default=Path(os.environ.get("MURMUR_DATA_DIR", DEFAULT_DATA_DIR)).expanduser(),
+    ident.add_argument("--data-dir", type=Path, default=default_data_dir(),
                        help="the node's data dir (default $MURMUR_DATA_DIR or ~/.murmur)")
     return parser
 
@@ -61,8 +66,10 @@ def cmd_id(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    with run.quiet_stop_signals():
+    with process.quiet_stop_signals():
         if argv[:1] == ["run"]:
+            from murmur.node.ops import run
+
             return run.main(argv[1:])
         if argv[:1] == ["bench"]:
             if not _find_lab("bench"):
@@ -85,11 +92,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """The `murmur` console script; `murmur run` exits without interpreter teardown (see `run.exit_now`)."""
+    """The `murmur` console script; `murmur run` exits without interpreter teardown (see `process.exit_now`).
+
+    Ctrl-C exits 130 and a closed stdout 1, without a traceback (`process.run_command`)."""
     argv = sys.argv[1:]
-    code = main(argv)
-    if argv[:1] == ["run"]:
-        run.exit_now(code)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even where started with Ctrl-C ignored (`murmur run &`)
+    code = process.run_command(lambda: main(argv))
+    if argv[:1] == ["run"] or code in (process.INTERRUPTED, process.BROKEN_PIPE):
+        process.exit_now(code)  # nothing left worth tearing down, and teardown could still print
     sys.exit(code)
 
 

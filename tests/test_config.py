@@ -265,3 +265,32 @@ def test_relay_auto_is_a_relay_value_and_nat_traversal_is_on_by_default() -> Non
     assert _settings(["--no-nat-traversal"])[0].nat_traversal is False
     with pytest.raises(SystemExit):
         _settings(["--relay", "automatic"])
+
+
+TASKS_LINE = "tasks: digits, charlm, charlm-large, or package.module:factory for your own"
+
+
+@pytest.mark.parametrize("source", ["flag", "toml"])
+def test_a_typo_in_the_task_is_one_line_with_a_suggestion(tmp_path: Path, capsys: pytest.CaptureFixture, source: str) -> None:
+    argv = ["run", "--task", "digit"] if source == "flag" else ["run", "--config", str(_toml(tmp_path, 'task = "digit"\n'))]
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    where = "argument --task" if source == "flag" else f"{tmp_path / 'murmur.toml'}: key 'task': invalid value 'digit' for --task"
+    hint = " (murmur run --help for the options)" if source == "flag" else ""
+    assert capsys.readouterr().err == f"murmur run: error: {where}: unknown task 'digit': did you mean 'digits'? {TASKS_LINE}{hint}\n"
+
+
+def test_task_help_lists_every_built_in_task(parser: argparse.ArgumentParser) -> None:
+    from murmur.node.learn.tasks import BUILTIN_TASKS
+
+    text = " ".join(parser.format_help().split())
+    assert f"a built-in task ({', '.join(BUILTIN_TASKS)})" in text
+    assert "charlm-large" in text
+
+
+def test_help_shows_the_defaults_of_options_that_have_one(parser: argparse.ArgumentParser) -> None:
+    text = " ".join(parser.format_help().split())
+    assert "seconds between averaging attempts (default 0.1)" in text
+    assert "--checkpoint-every SECONDS checkpoint this often (and on exit) (default 30.0)" in text
+    assert "(default None)" not in text and "(default False)" not in text  # nothing to show: nothing shown

@@ -1,5 +1,6 @@
 """`murmur run` (node/ops/run.py): settings in, one line and a status code out when it cannot start."""
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -27,3 +28,36 @@ def test_cli_refuses_an_unusable_device_in_one_line(tmp_path: Path, args: list[s
     assert done.returncode == 2
     assert done.stderr.startswith(message) and done.stderr.count("\n") == 1, done.stderr
     assert not data_dir.exists()  # refused before creating an identity
+
+
+def test_a_listen_port_in_use_stops_the_node_before_it_trains(tmp_path: Path) -> None:
+    # A bootstrap node that cannot listen is unreachable: it must say so and stop, not train alone.
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"/ip4/127.0.0.1/tcp/{taken.getsockname()[1]}"
+        done = subprocess.run(
+            [sys.executable, "-m", "murmur.node.cli", "run", "--data-dir", str(tmp_path), "--listen", address,
+             "--duration", "5"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        f"murmur run: error: cannot listen on {address}: address already in use: another process listens there; "
+        "give this node another --listen port (tcp/0: any free one)"
+    )
+    assert "listening on" not in done.stdout
+    assert not (tmp_path / "checkpoints").exists()  # it never trained
+
+
+def test_a_module_attribute_that_is_not_a_task_is_one_line(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "murmur.node.cli", "run", "--data-dir", str(tmp_path), "--task", "os:getcwd",
+         "--listen", "/ip4/127.0.0.1/tcp/0", "--duration", "1"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1].startswith("murmur run: error: 'os:getcwd' is not a task factory: os.getcwd() returned a str")

@@ -154,3 +154,21 @@ def test_status_shows_a_written_status_and_prints_it_back_as_strict_json(
     table = capsys.readouterr().out
     for text in ("running", "private · connections: 1 direct, 1 relayed", "busy 1, merged 1", "peerA", "already in an exchange"):
         assert text in table, text
+
+
+def test_the_summary_at_80_columns_keeps_addresses_whole_and_lines_unpadded() -> None:
+    import io
+
+    from rich.console import Console
+
+    from murmur.node.ops.status import render
+
+    peer = "12D3KooWQ57mDHMx8Fe1Y3EQYjqgZN21jyNffSU9MCgosyzQdFi8"
+    addrs = (f"/ip4/127.0.0.1/tcp/4001/p2p/{peer}", f"/ip4/203.0.113.7/tcp/4001/p2p/{peer}/p2p-circuit/p2p/{peer}")
+    out = io.StringIO()
+    render(example_status(peer_id=peer, addrs=addrs), 100.5, Console(file=out, width=80, force_terminal=False))
+    lines = out.getvalue().splitlines()
+    for addr in addrs:  # each on a line of its own, whole, to be copied (a terminal may wrap it, not cut it)
+        assert f"  {addr}" in lines
+    assert "…" not in "\n".join(line for line in lines if "/ip4/" in line)
+    assert [line for line in lines if line != line.rstrip()] == []

@@ -154,3 +154,19 @@ def test_a_metric_is_reached_at_its_target_or_beyond_in_its_own_order() -> None:
     accuracy, loss = Metric("accuracy", higher_is_better=True), Metric("loss", higher_is_better=False)
     assert accuracy.reached(0.95, 0.95) and accuracy.reached(0.96, 0.95) and not accuracy.reached(0.94, 0.95)
     assert loss.reached(2.5, 2.5) and loss.reached(2.4, 2.5) and not loss.reached(2.6, 2.5)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("digit", ("unknown task 'digit': did you mean 'digits'? tasks: digits, charlm, charlm-large, "
+                   "or package.module:factory for your own")),
+        ("os:getcwd", ("'os:getcwd' is not a task factory: os.getcwd() returned a str, which lacks name, metric, batch_size, "
+                       "build_model, make_optimizer, train_batches, loss, evaluate (see murmur.node.learn.tasks.Task)")),
+        ("os:sep", "'os:sep' is not a task factory: os.sep is a str, not callable"),
+    ],
+)  # fmt: skip
+def test_load_task_says_what_is_wrong_with_a_spec(spec: str, message: str) -> None:
+    with pytest.raises(UnknownTask) as refused:
+        load_task(spec)
+    assert str(refused.value) == message

@@ -7,6 +7,7 @@ test as `MemoryTransport` (`tests/test_transport.py`).
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
@@ -27,12 +28,31 @@ from murmur.node.net.autorelay import RelayFinder
 from murmur.node.net.holepunch import HolePuncher, connection_kinds
 from murmur.node.net.host import build_host
 from murmur.node.net.relay import CircuitRelay, RelayError, is_circuit
-from murmur.node.net.transport import READ_CHUNK, ByteStream, StreamHandler, Transport, TransportError
+from murmur.node.net.transport import READ_CHUNK, ByteStream, CannotListen, StreamHandler, Transport, TransportError
 
 # When a peer offers a relayed address too, a direct dial gets this long before we use the relay:
 # an unreachable NAT address may hang until the TCP timeout.
 DIRECT_DIAL_TIMEOUT = 2.0
 log = logging.getLogger("murmur.transport")
+
+
+def _listen_failure(address: str) -> str:
+    """Why a TCP address cannot be listened on, as the OS says it (py-libp2p does not tell)."""
+    try:
+        addr = multiaddr.Multiaddr(address)
+        family = socket.AF_INET6 if "ip6" in {p.name for p in addr.protocols()} else socket.AF_INET
+        host = addr.value_for_protocol("ip6" if family == socket.AF_INET6 else "ip4")
+        port = int(addr.value_for_protocol("tcp"))
+    except Exception:  # not an IP and TCP address: the multiaddr library raises assorted types
+        return "not a TCP address this node can listen on (/ip4/ADDRESS/tcp/PORT or /ip6/…)"
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as trio's listeners do
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return (exc.strerror or str(exc)).lower()
+    return "py-libp2p could not open it"
+
 
 class _Libp2pStream(ByteStream):
     def __init__(self, stream: INetStream) -> None:
@@ -139,8 +159,15 @@ class Libp2pTransport(Transport):
 
     @asynccontextmanager
     async def run(self, listen: Sequence[str]) -> AsyncIterator[None]:
-        """Listen on `listen` (may be empty: dial out only) and hold the relay reservations."""
+        """Listen on `listen` (may be empty: dial out only) and hold the relay reservations.
+
+        Raises `CannotListen` for the first address py-libp2p could not listen on (it only logs that).
+        """
         async with self.host.run([multiaddr.Multiaddr(a) for a in listen]), self.relay.run():
+            opened = self.host.get_network().listeners  # py-libp2p keeps only the listeners that opened
+            for address in listen:
+                if str(multiaddr.Multiaddr(address)) not in opened:
+                    raise CannotListen(address, _listen_failure(address))
             if not self.nat_traversal:
                 yield
                 return

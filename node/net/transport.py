@@ -25,6 +25,15 @@ class TransportError(Exception):
     """Dialing, opening, reading or writing a stream failed."""
 
 
+class CannotListen(Exception):
+    """A listen address could not be opened (taken, not this machine's, not supported); the message names it and why."""
+
+    def __init__(self, address: str, reason: str) -> None:
+        super().__init__(f"cannot listen on {address}: {reason}")
+        self.address = address
+        self.reason = reason
+
+
 class ByteStream(abc.ABC):
     """A reliable, ordered, bidirectional byte stream to one remote peer."""
 
@@ -77,7 +86,8 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     def run(self, listen: Sequence[str]) -> AbstractAsyncContextManager[None]:
-        """Listen on `listen` and serve handlers for the duration of the context."""
+        """Listen on `listen` and serve handlers for the duration of the context; raises `CannotListen`
+        on entry if any address in `listen` cannot be listened on."""
 
     @abc.abstractmethod
     def addresses(self) -> list[str]:

@@ -40,6 +40,11 @@ class Option:
     metavar: str | None = None
     parse: Callable[[str], Any] | None = None  # argparse `type`, instead of the annotated type
     choices: Callable[[], Collection[str]] | None = None  # called when a parser is built (may import)
+    names: Callable[[], Collection[str]] | None = None  # values `help` lists at "{names}", not the only ones allowed
+
+    def help_text(self) -> str:
+        """The help, with the values `names` gives listed (this may import what lists them)."""
+        return self.help.format(names=", ".join(self.names())) if self.names is not None else self.help
 
 
 def option(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] | None = None, **how: Any) -> Any:
@@ -119,6 +124,21 @@ def _view_size(text: str) -> int | None:
     return size or None
 
 
+def _task_name(text: str) -> str:
+    from murmur.node.learn.tasks import UnknownTask, check_task_name
+
+    try:
+        return check_task_name(text)
+    except UnknownTask as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _task_names() -> list[str]:
+    from murmur.node.learn.tasks import BUILTIN_TASKS
+
+    return list(BUILTIN_TASKS)
+
+
 def _partner_names() -> list[str]:
     from murmur.node.net.partners import PARTNER_CHOICES
 
@@ -179,7 +199,8 @@ class NodeConfig:
     """Everything `murmur run` can set for its node; defaults suit a small local swarm."""
 
     data_dir: Path = option(DEFAULT_DATA_DIR, "identity key, status and metrics (default ~/.murmur)")
-    task: str = option("digits", "built-in task (digits, charlm) or package.module:factory")
+    task: str = option("digits", "what to train: a built-in task ({names}) or package.module:factory for your own",
+                       parse=_task_name, names=_task_names, metavar="TASK")
     run_id: str | None = option(None, "swarm run id; peers only pair within one run (default: the task name)")
     listen: list[str] = option(factory=lambda: [DEFAULT_LISTEN], metavar="MULTIADDR",
                                help=f"listen address, repeatable (default {DEFAULT_LISTEN})")
@@ -290,7 +311,7 @@ def add_options(parser: argparse.ArgumentParser, settings: Sequence[type] = SETT
                 continue
             default = f.default if f.default_factory is MISSING else f.default_factory()
             kind, repeatable = value_type(hints[f.name])
-            spec: dict[str, Any] = {"dest": f.name, "default": default, "help": how.help}
+            spec: dict[str, Any] = {"dest": f.name, "default": default, "help": how.help_text()}
             if kind is bool:
                 spec["action"] = "store_false" if default else "store_true"
             else:

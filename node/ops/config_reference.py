@@ -101,7 +101,7 @@ def option_rows(settings: Sequence[type] = SETTINGS) -> list[tuple[str | None, s
                 continue
             name = _long_name(f, how)
             cells = [f"`--{name}`", _value_text(f, how, hints[f.name]), _default_text(f), f"`{env_name(name)}`",
-                     _cell(how.help)]  # fmt: skip
+                     _cell(how.help_text())]  # fmt: skip
             rows.append((getattr(cls, "GROUP", None), "| " + " | ".join(cells) + " |"))
     return rows
 

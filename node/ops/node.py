@@ -48,6 +48,7 @@ from murmur.node.ops.dashboard import (
     serve_dashboard,
     swarm_view,
 )
+from murmur.node.ops.data_dir import DataDirLock
 from murmur.node.ops.metrics import CountingTransport, NodeMetrics, Traffic
 from murmur.node.ops.node_status import NetworkStatus, NodeStatus
 from murmur.node.ops.status import STATUS_FILE
@@ -136,6 +137,7 @@ class Node:
         self.resumed_from = self._restore()
         self._metrics_path = config.data_dir / METRICS_FILE
         self._metrics_path.unlink(missing_ok=True)
+        self.data_dir_lock: DataDirLock | None = None  # released when `run` returns (`build_node` sets it)
 
     @property
     def stopping(self) -> bool:
@@ -155,7 +157,7 @@ class Node:
         """
         cfg = self.config
         self.transport.set_handler(PEERS_PROTOCOL, self.membership.serve)
-        async with self._metrics_endpoint(), self.transport.run(cfg.listen):
+        async with self._holding_data_dir(), self._metrics_endpoint(), self.transport.run(cfg.listen):
             addrs = self.transport.addresses()  # what peers are told (announced/relayed addresses if any)
             listening = self._listen_addresses()
             announced = [a for a in addrs if a not in listening]
@@ -265,6 +267,15 @@ class Node:
             await anyio.sleep(STATUS_INTERVAL)
 
     @asynccontextmanager
+    async def _holding_data_dir(self) -> AsyncIterator[None]:
+        """Release the data dir's lock, if this node holds one, once everything else has stopped."""
+        try:
+            yield
+        finally:
+            if self.data_dir_lock is not None:
+                self.data_dir_lock.release()
+
+    @asynccontextmanager
     async def _metrics_endpoint(self) -> AsyncIterator[None]:
         """Serve this node's dashboard and Prometheus metrics for the context, if `metrics_port` is set."""
         if self.config.metrics_port is None:
@@ -355,14 +366,25 @@ def build_transport(config: NodeConfig, key_pair: KeyPair, bans: BanList) -> Gua
 
 def build_node(
     config: NodeConfig, key_pair: KeyPair, user_loop: Callable[[MergeRule], Replica] | None = None, pacing: Pacing = Pacing(),
+    data_dir_lock: DataDirLock | None = None,
 ) -> Node:
-    """A libp2p node for `config`, with its ban list kept in the data dir (`user_loop`, `pacing`: see `Node`)."""
-    config.data_dir.mkdir(parents=True, exist_ok=True)
-    bans = BanList(config.data_dir / BANS_FILE)
-    transport = build_transport(config, key_pair, bans)
-    inner = transport.inner
-    assert isinstance(inner, Libp2pTransport)
-    node = Node(config, transport, bans, listen_addresses=inner.listen_addresses, network_info=inner.network_info,
-                user_loop=user_loop, pacing=pacing)
+    """A libp2p node for `config`, with its ban list kept in the data dir (`user_loop`, `pacing`: see `Node`).
+
+    The node owns the data dir's lock (`data_dir_lock`, or one taken here) and releases it when
+    `run` returns; raises `DataDirLocked` if another node holds the folder, `DataDirUnusable` if
+    it cannot be written, both before anything in it is read or changed.
+    """
+    lock = data_dir_lock or DataDirLock.acquire(config.data_dir)
+    try:
+        bans = BanList(config.data_dir / BANS_FILE)
+        transport = build_transport(config, key_pair, bans)
+        inner = transport.inner
+        assert isinstance(inner, Libp2pTransport)
+        node = Node(config, transport, bans, listen_addresses=inner.listen_addresses, network_info=inner.network_info,
+                    user_loop=user_loop, pacing=pacing)
+    except BaseException:
+        lock.release()
+        raise
+    node.data_dir_lock = lock
     inner.known_peers = lambda: {p: e.addrs for p, e in node.table.members.items()}  # where relays are looked for
     return node

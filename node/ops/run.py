@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ctypes
 import dataclasses
 import gc
@@ -11,15 +10,17 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 import anyio
 
 from murmur.node.ops.config import add_options, run_settings
 from murmur.node.ops.config_sources import ConfigError, resolve_options
 from murmur.node.ops.logs import configure_logging
+from murmur.node.ops.parsing import Parser
+from murmur.node.ops.process import INTERRUPTED, exit_now, quiet_stop_signals  # noqa: F401  (the lab's entry points use them from here)
 
 if TYPE_CHECKING:
     from murmur.node.ops.node import Node
@@ -37,21 +38,23 @@ RUN_EPILOG = (
 
 def build_run_parser() -> argparse.ArgumentParser:
     """`murmur run` alone: the options that flags, MURMUR_* variables and --config files set."""
-    parser = argparse.ArgumentParser(prog="murmur run", description="Run a Murmur peer (the daemon).", epilog=RUN_EPILOG)
+    parser = Parser(prog="murmur run", description="Run a Murmur peer (the daemon).", epilog=RUN_EPILOG)
     add_options(parser)
     return parser
 
 
-async def _run_until_signal(config, key_pair, pacing, around: Around | None) -> None:
-    """Run a node (inside `around(node)`, if given); the first SIGINT/SIGTERM stops it gracefully, a second one at once."""
+async def _run_until_signal(config, key_pair, pacing, around: Around | None, received: list[int], lock) -> None:
+    """Run a node (inside `around(node)`, if given); the first SIGINT/SIGTERM stops it gracefully, a second one at once.
+    Each stop signal is appended to `received`; the node owns the data dir's `lock` from here on."""
     from murmur.node.ops.node import build_node
 
-    node = build_node(config, key_pair, pacing=pacing)
+    node = build_node(config, key_pair, pacing=pacing, data_dir_lock=lock)
     async with around(node) if around is not None else nullcontext(), anyio.create_task_group() as tg:
 
         async def stop_on_signal() -> None:
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for signum in signals:
+                    received.append(signum)
                     logging.getLogger("murmur").info("received %s: stopping", signal.Signals(signum).name)
                     if node.stopping:
                         tg.cancel_scope.cancel()
@@ -80,7 +83,7 @@ def cmd_run(args: argparse.Namespace, around: Around | None = None) -> int:
     from murmur.node.learn.device import DeviceError, check_mixed_precision, resolve_device
     from murmur.node.learn.step import Pacing
     from murmur.node.net.identity import load_or_create_identity, peer_id_of
-    from murmur.node.ops.metrics import MetricsUnavailable
+    from murmur.node.ops.data_dir import DataDirError, DataDirLock
 
     config, options, emulation = run_settings(args)
     try:  # before anything else, so a wrong device costs one line and no half-started node
@@ -90,30 +93,75 @@ def cmd_run(args: argparse.Namespace, around: Around | None = None) -> int:
     except DeviceError as exc:
         print(f"murmur run: error: {exc}", file=sys.stderr)
         return 2
-    release_big_buffers_promptly()
-    key_pair = load_or_create_identity(config.data_dir)
-    configure_logging(options.log_level, peer_id_of(key_pair), options.log_format)
-    config = dataclasses.replace(config, device=str(device))
-    unavailable: BaseException | None = None
-    # Modules and start-up objects live as long as the process: keep full collections from rescanning them.
-    gc.freeze()
-    try:
-        anyio.run(_run_until_signal, config, key_pair, Pacing(emulation.slowdown), around, backend="trio")
-    except* MetricsUnavailable as group:  # e.g. a taken port: one line, not a traceback
-        unavailable = group
-        while isinstance(unavailable, BaseExceptionGroup):
-            unavailable = unavailable.exceptions[0]
-    if unavailable is not None:
-        print(f"murmur run: error: {unavailable}", file=sys.stderr)
+    try:  # before the identity is read: a second node on this folder must not start as the same peer
+        lock = DataDirLock.acquire(config.data_dir)
+    except DataDirError as exc:
+        print(f"murmur run: error: {_with_fix(exc)}", file=sys.stderr)
         return 1
-    return 0
+    received: list[int] = []
+    error: BaseException | None = None
+    with lock:  # the node releases it when it stops; here too, should it never get that far
+        release_big_buffers_promptly()
+        key_pair = load_or_create_identity(config.data_dir)
+        configure_logging(options.log_level, peer_id_of(key_pair), options.log_format)
+        config = dataclasses.replace(config, device=str(device))
+        # Modules and start-up objects live as long as the process: keep full collections from rescanning them.
+        gc.freeze()
+        try:
+            anyio.run(_run_until_signal, config, key_pair, Pacing(emulation.slowdown), around, received, lock, backend="trio")
+        except* _start_errors() as group:  # a taken port, an unknown task: one line, not a traceback
+            error = _first_leaf(group)
+    if error is not None:
+        print(f"murmur run: error: {_with_fix(error)}", file=sys.stderr)
+        return 2 if _is_setting_error(error) else 1
+    return INTERRUPTED if signal.SIGINT in received else 0
+
+
+def _start_errors() -> tuple[type[Exception], ...]:
+    from murmur.node.learn.tasks import UnknownTask
+    from murmur.node.net.transport import CannotListen
+    from murmur.node.ops.data_dir import DataDirError
+    from murmur.node.ops.metrics import MetricsUnavailable
+
+    return MetricsUnavailable, CannotListen, DataDirError, UnknownTask
+
+
+def _is_setting_error(error: BaseException) -> bool:
+    from murmur.node.learn.tasks import UnknownTask
+
+    return isinstance(error, UnknownTask)
+
+
+def _first_leaf(error: BaseException) -> BaseException:
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
+
+
+def _with_fix(error: BaseException) -> str:
+    """The error's one line, with what the user can do about it where the error alone does not say."""
+    from murmur.node.net.transport import CannotListen
+    from murmur.node.ops.data_dir import DataDirLocked, DataDirUnusable
+
+    if isinstance(error, CannotListen):
+        if "in use" in error.reason:
+            return f"{error}: another process listens there; give this node another --listen port (tcp/0: any free one)"
+        return f"{error}: give --listen an address of this machine, e.g. /ip4/0.0.0.0/tcp/4001"
+    if isinstance(error, DataDirLocked):
+        holder = f"PID {error.pid}" if error.pid is not None else "PID unknown"
+        return f"data dir {error.path} is in use by another Murmur node ({holder}): stop it, or give this node its own --data-dir"
+    if isinstance(error, DataDirUnusable):
+        return f"{error}: give --data-dir a folder this user can write"
+    return str(error)
 
 
 def main(argv: list[str], around: Around | None = None) -> int:
     """`murmur run ARGV`: run a peer until its `--duration` ends or a stop signal; return the exit status.
 
-    A bad setting exits 2 with one line naming it (as argparse does); an unusable device
-    returns 2 and a taken metrics port 1, each with one line on stderr. `around(node)`, if
+    A bad setting exits 2 with one line naming it (as argparse does); an unusable device or an
+    unloadable task returns 2; a data dir that another node holds or that cannot be written, and
+    a listen or metrics port that cannot be opened, return 1; each with one line on stderr.
+    A run stopped by SIGINT (Ctrl-C) returns 130 once it stopped gracefully, as shells expect. `around(node)`, if
     given, is entered once the node is built, before it runs, and exited after it stopped;
     its errors propagate.
     """
@@ -125,30 +173,5 @@ def main(argv: list[str], around: Around | None = None) -> int:
     return cmd_run(args, around)
 
 
-def _exit_quietly(signum: int, frame: object) -> None:
-    raise SystemExit(0)
-
-
-@contextlib.contextmanager
-def quiet_stop_signals() -> Iterator[None]:
-    """A SIGTERM while a command starts up (importing torch) exits cleanly; once it has returned,
-    stop signals are ignored. Python resets handlers to the default while tearing down, which
-    would let a late SIGTERM kill a finished process (-15). A running node handles signals itself."""
-    signal.signal(signal.SIGTERM, _exit_quietly)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def exit_now(code: int) -> NoReturn:
-    """Exit at once after `murmur run` stopped cleanly (checkpoint and status on disk): the
-    interpreter's teardown of torch and libp2p would take another 1-3 s, which every restart,
-    benchmark run and supervisor waits for."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    logging.shutdown()
-    os._exit(code)
 
 

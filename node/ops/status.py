@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from murmur.node.ops.node_status import NodeStatus, NotAStatus
+from murmur.node.ops.parsing import Parser
 
 STATUS_FILE = "status.json"  # written by murmur.node.ops.node (which imports it from here: this module stays torch-free)
 MAX_STALENESS_S = 30.0
@@ -105,37 +107,46 @@ def _bytes(n: Any) -> str:
 
 
 def render(status: NodeStatus, now: float, console: Console) -> None:
-    """Print `status` as a summary table, the exchange counts and the recent exchanges."""
+    """Print `status` as a summary, the exchange counts and the recent exchanges.
+
+    Addresses go on lines of their own, whole, whatever the terminal's width: they are there to be
+    copied. No line ends in spaces.
+    """
     reason = unhealthy_reason(status, now)
-    summary = Table(show_header=False, box=None, pad_edge=False)
-    summary.add_column(style="bold")
-    summary.add_column()
-    summary.add_row("peer ID", status.peer_id)
-    summary.add_row(
-        "state",
-        f"[red]{reason}[/red]" if reason else f"[green]running[/green] (pid {status.pid}, updated {now - status.t:.1f}s ago)",
-    )
-    summary.add_row("addresses", "\n".join(status.addrs) or "—")
-    summary.add_row("task", f"{status.task} on {status.device}")
-    summary.add_row("samples/s", f"{_num(status.samples_per_s, '.0f')} ({status.samples} samples)")
-    evaluation = ", ".join(f"{k} {_num(v)}" for k, v in status.eval.items())
-    summary.add_row("loss", f"{_num(status.loss)}" + (f" · held-out {evaluation}" if evaluation else ""))
-    summary.add_row("work weight", _num(status.work, ".0f"))
-    summary.add_row("known peers", str(status.known_peers))
     network = status.network
     kinds = list(network.connections.values())
-    summary.add_row("reachability", f"{network.reachability} · connections: {kinds.count('direct')} direct, "
-                                    f"{kinds.count('relayed')} relayed")
-    summary.add_row("exchanges", ", ".join(f"{k} {v}" for k, v in sorted(status.exchanges.items())) or "none yet")
-    summary.add_row("partner distance", _num(status.partner_distance))
-    summary.add_row("traffic", f"in {_bytes(status.bytes_in)} · out {_bytes(status.bytes_out)}")
+    evaluation = ", ".join(f"{k} {_num(v)}" for k, v in status.eval.items())
+    rows: list[tuple[str, str | list[str]]] = [
+        ("peer ID", status.peer_id),
+        ("state", f"[red]{escape(reason)}[/red]" if reason
+         else f"[green]running[/green] (pid {status.pid}, updated {now - status.t:.1f}s ago)"),
+        ("addresses", list(status.addrs) or "—"),
+        ("task", escape(f"{status.task} on {status.device}")),
+        ("samples/s", f"{_num(status.samples_per_s, '.0f')} ({status.samples} samples)"),
+        ("loss", f"{_num(status.loss)}" + (f" · held-out {escape(evaluation)}" if evaluation else "")),
+        ("work weight", _num(status.work, ".0f")),
+        ("known peers", str(status.known_peers)),
+        ("reachability", (f"{escape(network.reachability)} · connections: {kinds.count('direct')} direct, "
+                          f"{kinds.count('relayed')} relayed")),
+        ("exchanges", ", ".join(f"{k} {v}" for k, v in sorted(status.exchanges.items())) or "none yet"),
+        ("partner distance", _num(status.partner_distance)),
+        ("traffic", f"in {_bytes(status.bytes_in)} · out {_bytes(status.bytes_out)}"),
+    ]  # fmt: skip
     if status.metrics_url:
-        summary.add_row("metrics", status.metrics_url)
+        rows.append(("metrics", [status.metrics_url]))
     if status.dashboard_url:
-        summary.add_row("dashboard", status.dashboard_url)
-    console.print(summary)
+        rows.append(("dashboard", [status.dashboard_url]))
+    width = max(len(label) for label, _ in rows) + 2
+    for label, value in rows:
+        if isinstance(value, list):  # copyable: each on its own line, never wrapped or cut by Rich
+            console.print(f"[bold]{label}[/bold]", highlight=False)
+            for line in value:
+                console.print("  " + escape(line), soft_wrap=True, highlight=False)
+        else:
+            console.print(f"[bold]{label}[/bold]{' ' * (width - len(label))}{value}", highlight=False)
     if status.recent_exchanges:
-        table = Table(title="recent exchanges (newest first)", title_justify="left")
+        console.print("recent exchanges (newest first)", highlight=False)  # not a table title: Rich pads those
+        table = Table()
         for column in ("partner", "outcome", "reason", "duration"):
             table.add_column(column, overflow="fold")
         for ex in reversed(status.recent_exchanges):
@@ -145,7 +156,7 @@ def render(status: NodeStatus, now: float, console: Console) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="murmur status", description="Show a running node's state (from its data dir)."
     )
     parser.add_argument(

@@ -7,6 +7,7 @@ seeds its own initialisation; each peer draws its own data stream from `shard`.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol
@@ -54,20 +55,43 @@ class UnknownTask(ValueError):
     """The task name or `module:factory` path names nothing loadable."""
 
 
+# What `load_task` checks a user's factory returned: enough to tell a task from some other object.
+_TASK_ATTRIBUTES = ("name", "metric", "batch_size", "build_model", "make_optimizer", "train_batches", "loss", "evaluate")
+
+
+def check_task_name(spec: str) -> str:
+    """`spec` if it can name a task (a built-in name, or any `package.module:factory`, loaded later);
+    else raises `UnknownTask` with the closest built-in name and the list of them."""
+    from murmur.node.learn.tasks import BUILTIN_TASKS
+
+    if spec in BUILTIN_TASKS or ":" in spec:
+        return spec
+    close = difflib.get_close_matches(spec, BUILTIN_TASKS, n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise UnknownTask(f"unknown task {spec!r}: {hint}tasks: {', '.join(BUILTIN_TASKS)}, or package.module:factory for your own")
+
+
 def load_task(spec: str) -> Task:
     """Build the task named `spec`: a built-in name or `package.module:factory`.
 
-    Raises `UnknownTask` naming the spec when it cannot be resolved.
+    Raises `UnknownTask`, naming the spec, when it names no built-in task (suggesting the closest),
+    no importable factory, or a factory whose result is not a task. The factory's own errors propagate.
     """
     from murmur.node.learn.tasks import BUILTIN_TASKS
 
     if spec in BUILTIN_TASKS:
         return BUILTIN_TASKS[spec]()
-    if ":" not in spec:
-        raise UnknownTask(f"unknown task {spec!r}; built-ins: {sorted(BUILTIN_TASKS)}")
+    check_task_name(spec)
     module_name, _, attr = spec.partition(":")
     try:
         factory: Callable[[], Task] = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise UnknownTask(f"cannot load task {spec!r}: {exc}") from exc
-    return factory()
+    if not callable(factory):
+        raise UnknownTask(f"{spec!r} is not a task factory: {module_name}.{attr} is a {type(factory).__name__}, not callable")
+    task = factory()
+    missing = [name for name in _TASK_ATTRIBUTES if not hasattr(task, name)]
+    if missing:
+        raise UnknownTask(f"{spec!r} is not a task factory: {module_name}.{attr}() returned a {type(task).__name__}, "
+                          f"which lacks {', '.join(missing)} (see murmur.node.learn.tasks.Task)")  # fmt: skip
+    return task
