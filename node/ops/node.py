@@ -126,6 +126,7 @@ class Node:
         self.phase = "joining"  # then "waiting" (ready, not yet told to start) and "training"
         self.on_phase: Callable[[str], None] = lambda phase: None  # called on the event loop at each change
         self.sync_outcome: Outcome | None = None  # state sync's, once tried
+        self.duration_ended = False  # whether `run` ended because `config.duration` passed
         self.last_eval: dict[str, float] = {}
         self.metrics = NodeMetrics(self.peer_id, self.replica.name)
         self.metrics_url: str | None = None
@@ -140,6 +141,22 @@ class Node:
     @property
     def stopping(self) -> bool:
         return self._serve_scope.cancel_called
+
+    @property
+    def merged_with_anyone(self) -> bool:
+        """Whether this node ever took in a peer's model: an exchange merged, or state sync adopted one."""
+        synced = self.sync_outcome is not None and self.sync_outcome.result == Result.SYNCED
+        return synced or self.averager.outcomes[Result.MERGED] > 0
+
+    def never_joined(self) -> str | None:
+        """Why a node given bootstrap peers never merged with anyone, in one line; None if it did or had none to join.
+
+        A node without bootstrap peers is a swarm's first: alone by design, never a failure.
+        """
+        if not self.config.bootstrap or self.merged_with_anyone:
+            return None
+        alone = self.membership.alone_reason(self.config.bootstrap)
+        return alone or f"knew {len(self.table.members)} peers, but no exchange merged"
 
     def request_stop(self) -> None:
         """Stop gracefully: end the exchange in flight, checkpoint, say goodbye, return from `run`."""
@@ -191,7 +208,10 @@ class Node:
     async def _serve(self, cfg: NodeConfig) -> None:
         if cfg.bootstrap:
             joined = await self.membership.join(cfg.bootstrap)
-            log.info("joined through %d of %d bootstrap peers", joined, len(cfg.bootstrap))
+            if joined:
+                log.info("joined through %d of %d bootstrap peers", joined, len(cfg.bootstrap))
+            else:
+                log.warning("alone: no bootstrap peer answered; training alone and retrying them with backoff")
             if cfg.sync_state:
                 ratio = CATCH_UP_RATIO if self.resumed_from else 0.0
                 outcome = self.sync_outcome = await self.averager.state_sync.sync_from_swarm(behind_ratio=ratio)
@@ -205,12 +225,13 @@ class Node:
                 self._set_phase("waiting")
                 await self.start_gate()
             self._set_phase("training")
-            with anyio.move_on_after(cfg.duration if cfg.duration is not None else float("inf")):
+            with anyio.move_on_after(cfg.duration if cfg.duration is not None else float("inf")) as deadline:
                 if self.loop is None:  # the user's thread steps the model and counts the work
                     self.stats.started = time.monotonic()
                     await anyio.sleep_forever()
                 else:
                     await train(self.loop, self.pacing, self.stats, eval_every=cfg.eval_every, on_eval=self._on_eval)
+            self.duration_ended = deadline.cancelled_caught
             tg.cancel_scope.cancel()
 
     def _set_phase(self, phase: str) -> None:
@@ -299,6 +320,8 @@ class Node:
             bytes_in=sum(self.traffic.received.values()), bytes_out=sum(self.traffic.sent.values()),
             partner_distance=self.averager.last_partner_distance, metrics_url=self.metrics_url,
             dashboard_url=self.dashboard_url, network=NetworkStatus(**self._network_info()),
+            joined=bool(self.table.members), alone_reason=self.membership.alone_reason(self.config.bootstrap),
+            bootstrap=dict(self.membership.join_results),
         )  # fmt: skip
 
     def summary(self) -> PeerSummary:

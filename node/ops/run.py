@@ -42,8 +42,12 @@ def build_run_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _run_until_signal(config, key_pair, pacing, around: Around | None) -> None:
-    """Run a node (inside `around(node)`, if given); the first SIGINT/SIGTERM stops it gracefully, a second one at once."""
+# `murmur run --duration` given bootstrap peers that never merged with any peer: it trained alone.
+EXIT_NEVER_JOINED = 3
+
+
+async def _run_until_signal(config, key_pair, pacing, around: Around | None) -> Node:
+    """Run a node (inside `around(node)`, if given) and return it; the first SIGINT/SIGTERM stops it gracefully, a second one at once."""
     from murmur.node.ops.node import build_node
 
     node = build_node(config, key_pair, pacing=pacing)
@@ -60,6 +64,7 @@ async def _run_until_signal(config, key_pair, pacing, around: Around | None) -> 
         tg.start_soon(stop_on_signal)
         await node.run()
         tg.cancel_scope.cancel()
+    return node
 
 
 def release_big_buffers_promptly() -> None:
@@ -95,10 +100,11 @@ def cmd_run(args: argparse.Namespace, around: Around | None = None) -> int:
     configure_logging(options.log_level, peer_id_of(key_pair), options.log_format)
     config = dataclasses.replace(config, device=str(device))
     unavailable: BaseException | None = None
+    node = None
     # Modules and start-up objects live as long as the process: keep full collections from rescanning them.
     gc.freeze()
     try:
-        anyio.run(_run_until_signal, config, key_pair, Pacing(emulation.slowdown), around, backend="trio")
+        node = anyio.run(_run_until_signal, config, key_pair, Pacing(emulation.slowdown), around, backend="trio")
     except* MetricsUnavailable as group:  # e.g. a taken port: one line, not a traceback
         unavailable = group
         while isinstance(unavailable, BaseExceptionGroup):
@@ -106,14 +112,26 @@ def cmd_run(args: argparse.Namespace, around: Around | None = None) -> int:
     if unavailable is not None:
         print(f"murmur run: error: {unavailable}", file=sys.stderr)
         return 1
-    return 0
+    return never_joined_exit(node)
+
+
+def never_joined_exit(node: Node | None) -> int:
+    """`EXIT_NEVER_JOINED` (with one line on stderr) if a run that ended by its `--duration` had
+    bootstrap peers but never merged with a peer; else 0. A run stopped by a signal was stopped
+    on purpose, and a node without bootstrap peers is a swarm's first: both exit 0."""
+    reason = node.never_joined() if node is not None and node.duration_ended else None
+    if reason is None:
+        return 0
+    print(f"murmur run: never merged with a peer: {reason}", file=sys.stderr)
+    return EXIT_NEVER_JOINED
 
 
 def main(argv: list[str], around: Around | None = None) -> int:
     """`murmur run ARGV`: run a peer until its `--duration` ends or a stop signal; return the exit status.
 
     A bad setting exits 2 with one line naming it (as argparse does); an unusable device
-    returns 2 and a taken metrics port 1, each with one line on stderr. `around(node)`, if
+    returns 2 and a taken metrics port 1, each with one line on stderr; a `--duration` run given
+    bootstrap peers that never merged with one returns 3 (`EXIT_NEVER_JOINED`). `around(node)`, if
     given, is entered once the node is built, before it runs, and exited after it stopped;
     its errors propagate.
     """

@@ -121,7 +121,7 @@ def render(status: NodeStatus, now: float, console: Console) -> None:
     evaluation = ", ".join(f"{k} {_num(v)}" for k, v in status.eval.items())
     summary.add_row("loss", f"{_num(status.loss)}" + (f" · held-out {evaluation}" if evaluation else ""))
     summary.add_row("work weight", _num(status.work, ".0f"))
-    summary.add_row("known peers", str(status.known_peers))
+    summary.add_row("known peers", str(status.known_peers) if status.joined else f"0 · alone: {status.alone_reason}")
     network = status.network
     kinds = list(network.connections.values())
     summary.add_row("reachability", f"{network.reachability} · connections: {kinds.count('direct')} direct, "
