@@ -19,7 +19,7 @@ if not (_here / "node").is_dir() and (_here.parent / "node" / "__init__.py").is_
 
 # Imported on first use, so `murmur.node.net` (which needs no torch) does not load the API's torch.
 _PUBLIC = {
-    "Peer": "murmur.peer", "PeerClosed": "murmur.peer",
+    "Peer": "murmur.peer", "PeerClosed": "murmur.peer", "NotJoined": "murmur.peer",
     "DeviceError": "murmur.node.learn.device",
     "ForeignOptimizer": "murmur.node.learn.user_loop", "ModelMismatch": "murmur.node.learn.user_loop",
 }  # fmt: skip

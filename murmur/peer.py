@@ -50,6 +50,13 @@ _HINTS = get_type_hints(NodeConfig)
 STOP_TIMEOUT_S = 30.0  # the node's own goodbye (3 s) and checkpoint fit well within this
 
 
+JOIN_POLL_S = 0.05  # how often `wait_joined` looks at the peer table (on the node's event loop)
+
+
+class NotJoined(TimeoutError):
+    """`Peer.wait_joined` timed out: no peer of the run answered; the message gives each bootstrap's reason."""
+
+
 class PeerClosed(RuntimeError):
     """This `murmur.Peer` was closed (or its node stopped on an error, given as the cause): it takes no more steps."""
 
@@ -139,6 +146,7 @@ class Peer:
             raise self._error
         refusal = self._refusal()
         if refusal is not None:
+            self.node.checkpoint_on_exit = False  # the refused model's checkpoint would block the next run
             self.close()
             raise ModelMismatch(f"the run's peers refused this model: {refusal}")
         self._gate.open()  # from now on the model is touched only inside `step`
@@ -201,6 +209,40 @@ class Peer:
         this peer knows, itself included. Merges conserve the sum of work (`work` rule), so
         the estimate is exact once the swarm has mixed and the view holds every peer."""
         return self.node.replica.work * (1 + len(self.node.table.members))
+
+    @property
+    def joined(self) -> bool:
+        """Whether this peer knows a live peer of its run now (status.json's `joined`)."""
+        return bool(self.node.table.members)
+
+    @property
+    def alone_reason(self) -> str | None:
+        """Why this peer knows no peer now, in one line (each bootstrap's last outcome); None once it knows one."""
+        return self.node.membership.alone_reason(self.config.bootstrap)
+
+    def wait_joined(self, timeout: float | None = None) -> None:
+        """Block until this peer knows a live peer of its run (returns at once if it does).
+
+        Bootstrap peers are retried with backoff meanwhile. Raises `NotJoined` (a `TimeoutError`)
+        naming each bootstrap's reason if none answered within `timeout` seconds (None: wait
+        forever), and `PeerClosed` if the peer is closed.
+        """
+        if self._closed or not self._thread.is_alive() or self._token is None:
+            raise PeerClosed("this murmur.Peer is closed") from self._error
+
+        async def wait() -> bool:
+            with anyio.move_on_after(float("inf") if timeout is None else timeout):
+                while not self.node.table.members:
+                    await anyio.sleep(JOIN_POLL_S)
+                return True
+            return False
+
+        try:
+            joined = anyio.from_thread.run(wait, token=self._token)
+        except anyio.RunFinishedError:
+            raise PeerClosed("this murmur.Peer's node stopped") from self._error
+        if not joined:
+            raise NotJoined(f"no peer joined within {timeout:g} s: {self.alone_reason}")
 
     def step(self, samples: int | None = None, *, tokens: int | None = None, loss: float | None = None) -> None:
         """Count one finished step of your loop (`samples` or `tokens` of work) and apply pending merges.

@@ -165,3 +165,34 @@ def test_an_api_peer_and_a_cli_peer_train_together(tmp_path: Path) -> None:
     assert theirs["exchanges"].get("merged", 0) >= 3, theirs.get("exchanges")
     assert theirs["peers"] == [peer.peer_id] and ours["peers"] == [theirs["peer_id"]]
     assert peer.swarm_samples > peer.samples  # the CLI peer's work reached this model
+
+
+def test_a_peer_with_no_one_to_join_says_so_and_can_wait_for_a_first_peer(tmp_path: Path) -> None:
+    _, model, optimizer = digits()
+    absent = "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWGzh6mGrMG5RXEuq6k1qQ2VyS2MZHGuxnWX2WU6fbqT5j"
+    with murmur.Peer(model, optimizer, run_id="t", listen=LOOPBACK, bootstrap=[absent], data_dir=tmp_path / "a") as alone:
+        assert not alone.joined and alone.alone_reason == "127.0.0.1:1: unreachable: connection refused"
+        assert alone.status()["joined"] is False
+        with pytest.raises(murmur.NotJoined, match=r"no peer joined within 0.2 s: 127.0.0.1:1: unreachable: connection refused"):
+            alone.wait_joined(timeout=0.2)
+        _, model2, optimizer2 = digits()
+        with murmur.Peer(model2, optimizer2, run_id="t", listen=LOOPBACK, bootstrap=alone.addrs, data_dir=tmp_path / "b") as second:
+            second.wait_joined(timeout=30)
+            assert second.joined and second.alone_reason is None
+            alone.wait_joined(timeout=30)  # greeted by the second peer
+            assert alone.joined
+
+
+def test_a_refused_model_names_the_tensor_that_differs_and_leaves_no_checkpoint(tmp_path: Path) -> None:
+    _, model, optimizer = digits()
+    with murmur.Peer(model, optimizer, run_id="t", listen=LOOPBACK, data_dir=tmp_path / "a") as first:
+        other = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+        names = [n for n, _ in model.named_parameters()]
+        with pytest.raises(murmur.ModelMismatch, match=r"model fingerprint differs in \S+: shape \S+ here, \S+ there") as refused:
+            murmur.Peer(other, torch.optim.SGD(other.parameters(), lr=0.1), run_id="t", listen=LOOPBACK,
+                        bootstrap=first.addrs, data_dir=tmp_path / "b")
+        assert any(name in str(refused.value) for name in names)
+        assert load_latest(tmp_path / "b" / "checkpoints") is None  # the next run, with the right model, is not blocked
+        _, model2, optimizer2 = digits()
+        with murmur.Peer(model2, optimizer2, run_id="t", listen=LOOPBACK, bootstrap=first.addrs, data_dir=tmp_path / "b") as right:
+            assert right.joined

@@ -154,3 +154,12 @@ def test_status_shows_a_written_status_and_prints_it_back_as_strict_json(
     table = capsys.readouterr().out
     for text in ("running", "private · connections: 1 direct, 1 relayed", "busy 1, merged 1", "peerA", "already in an exchange"):
         assert text in table, text
+
+
+def test_status_shows_an_alone_node_and_why(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    status = example_status(t=time.time(), pid=os.getpid(), known_peers=0, peers=(), joined=False,
+                            alone_reason="127.0.0.1:1: unreachable: connection refused")
+    (tmp_path / STATUS_FILE).write_text(status.to_json())
+    assert main(["--data-dir", str(tmp_path)]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "known peers 0 · alone: 127.0.0.1:1: unreachable: connection refused" in shown

@@ -236,9 +236,18 @@ class Replica:
         """
         self._access.call(self._restore, state)
 
+    def _difference(self, state: dict) -> str:
+        """Where a checkpoint's model differs from this one: the first tensor name or shape, in words."""
+        saved = state.get("model")
+        if not isinstance(saved, Mapping):
+            return "differs"
+        theirs = [[n, list(t.shape)] for n, t in saved.items() if torch.is_tensor(t) and t.is_floating_point()]
+        ours = TensorSpec.of(self.model.state_dict())
+        return ours.difference(theirs, complete=True, here="in this model", there="in the checkpoint")
+
     def _restore(self, state: dict) -> None:
         if state.get("fingerprint") != self.fingerprint:
-            raise ValueError("checkpoint belongs to another task or model (fingerprint differs)")
+            raise ValueError(f"checkpoint belongs to another task or model (fingerprint {self._difference(state)})")
         work = float(state["work"] if "work" in state else state["weight"])
         rule = state.get("merge_rule")
         with self._lock:

@@ -63,7 +63,11 @@ def dial_failure(exc: BaseException) -> str:
         if found:
             return f"{PEER_ID_MISMATCH}: expected …{found.group(1)[-8:]}, got {found.group(2)}"
     for cause in causes:
-        if isinstance(cause, OSError) and not isinstance(cause, BaseExceptionGroup) and (cause.errno or isinstance(cause, socket.gaierror)):
+        if (
+            isinstance(cause, OSError)
+            and not isinstance(cause, BaseExceptionGroup)
+            and (cause.errno or isinstance(cause, socket.gaierror))
+        ):
             return f"unreachable: {_socket_reason(cause)}"
     if isinstance(exc, TimeoutError):
         return "unreachable: no answer in time"

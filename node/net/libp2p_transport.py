@@ -24,10 +24,10 @@ from libp2p.utils.address_validation import expand_wildcard_address
 
 from murmur.node.net.autonat import UNKNOWN, AutoNatClient, AutoNatServer
 from murmur.node.net.autorelay import RelayFinder
+from murmur.node.net.dial_failure import dial_failure
 from murmur.node.net.holepunch import HolePuncher, connection_kinds
 from murmur.node.net.host import build_host
 from murmur.node.net.relay import CircuitRelay, RelayError, is_circuit
-from murmur.node.net.dial_failure import dial_failure
 from murmur.node.net.transport import READ_CHUNK, ByteStream, StreamHandler, Transport, TransportError
 
 # When a peer offers a relayed address too, a direct dial gets this long before we use the relay:

@@ -12,7 +12,8 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -25,16 +26,23 @@ from murmur.protocol.errors import OFFENCES, ProtocolError
 from murmur.protocol.exchange import PEER_EXCHANGE, Exchange, Role
 from murmur.protocol.messages import Hello, PeerSummary, Refuse
 
+if TYPE_CHECKING:
+    from murmur.protocol.codec import TensorSpec  # torch: only its methods run here, on a spec the node built
+
 PEERS_PROTOCOL = "/murmur/peers/1.0.0"
 log = logging.getLogger("murmur.membership")
 
 
 @dataclass(frozen=True)
 class TaskIdentity:
-    """What two peers must share to merge models: the run and the model's fingerprint."""
+    """What two peers must share to merge models: the run and the model's fingerprint.
+
+    `spec`, the model's tensor names and shapes, lets a refusal name what differs.
+    """
 
     run_id: str
     fingerprint: str
+    spec: TensorSpec | None = field(default=None, compare=False)
 
     def mismatch(self, run_id: str, fingerprint: str) -> str | None:
         """Why a peer with this run and fingerprint cannot pair with us, or None."""
@@ -129,6 +137,11 @@ class Membership:
         self.table.rumour(hello.peers)
         return None
 
+    def _layout_for(self, hello: Hello) -> list | None:
+        """Our model's layout for a refusal, when the fingerprint (not the run) is what differs."""
+        same_run = hello.run_id == self.identity.run_id
+        return self.identity.spec.described() if same_run and self.identity.spec is not None else None
+
     async def serve(self, stream: ByteStream) -> None:
         """Answer one inbound hello (the `/murmur/peers` stream handler)."""
         conv = Conversation(stream, Exchange(Role.RESPONDER, PEER_EXCHANGE))
@@ -139,7 +152,7 @@ class Membership:
                 refusal = self._admit(stream.remote_peer, hello)
                 if refusal:
                     log.warning("refused peer %s: %s", stream.remote_peer[-8:], refusal)
-                    await conv.send(Refuse(refusal))
+                    await conv.send(Refuse(refusal, layout=self._layout_for(hello)))
                 else:
                     await conv.send(self._hello())
                 await stream.close()
@@ -171,11 +184,14 @@ class Membership:
             self.table.dial_failed(peer_id, self.clock())
             return dial_failure(exc)
         if isinstance(answer, Refuse):
-            log.warning("peer %s refused us: %s", peer_id[-8:], answer.reason)
+            reason = answer.reason
+            if answer.layout is not None and self.identity.spec is not None:
+                reason = f"task mismatch: model fingerprint {self.identity.spec.difference(answer.layout)}"
+            log.warning("peer %s refused us: %s", peer_id[-8:], reason)
             self.table.forget(peer_id)
             self.table.dial_failed(peer_id, self.clock(), base_delay=30.0)
             await self.transport.hang_up(peer_id)
-            return f"refused: {answer.reason}"
+            return f"refused: {reason}"
         assert isinstance(answer, Hello)
         refusal = self._admit(peer_id, answer)
         if refusal:
@@ -225,7 +241,8 @@ class Membership:
             return None
         if not bootstrap:
             return "no bootstrap peers given: waiting for peers to join this one"
-        reasons = [f"{short_address(a)}: {self.join_results[a]}" for a in bootstrap if self.join_results.get(a, "ok") != "ok"]
+        failed = [a for a in bootstrap if self.join_results.get(a, "ok") != "ok"]
+        reasons = [f"{short_address(a)}: {self.join_results[a]}" for a in failed]
         return "; ".join(reasons) if reasons else "every bootstrap peer has left"
 
     async def run(self, bootstrap: Sequence[str], interval: float, fanout: int = 3) -> None:
@@ -243,7 +260,8 @@ class Membership:
             retry = []
             if not self.table.members:
                 busy = {peer_id for peer_id, _ in targets}
-                retry = [a for a in bootstrap if parse_bootstrap(a)[0] not in busy and self.table.may_dial(parse_bootstrap(a)[0], self.clock())]
+                due = [a for a in bootstrap if self.table.may_dial(parse_bootstrap(a)[0], self.clock())]
+                retry = [a for a in due if parse_bootstrap(a)[0] not in busy]
             async with anyio.create_task_group() as tg:
                 for peer_id, addrs in targets:
                     tg.start_soon(self.greet, peer_id, addrs)

@@ -127,6 +127,9 @@ class Node:
         self.on_phase: Callable[[str], None] = lambda phase: None  # called on the event loop at each change
         self.sync_outcome: Outcome | None = None  # state sync's, once tried
         self.duration_ended = False  # whether `run` ended because `config.duration` passed
+        # False: `run` writes no final checkpoint (`murmur.Peer` after the swarm refused its model,
+        # so that model's checkpoint cannot block the next run with the right one).
+        self.checkpoint_on_exit = True
         self.last_eval: dict[str, float] = {}
         self.metrics = NodeMetrics(self.peer_id, self.replica.name)
         self.metrics_url: str | None = None
@@ -195,8 +198,9 @@ class Node:
             finally:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(3):
                     await self.membership.announce_leaving()
-                with anyio.CancelScope(shield=True):
-                    await self.save_checkpoint()
+                if self.checkpoint_on_exit:
+                    with anyio.CancelScope(shield=True):
+                        await self.save_checkpoint()
                 self.write_status()
 
     async def _parting_merge(self) -> None:
@@ -257,7 +261,8 @@ class Node:
             self.replica.restore(state)
         except (ValueError, KeyError, RuntimeError) as exc:
             if self.loop is None:  # the user's model: keep their checkpoint rather than overwrite it
-                raise ModelMismatch(f"the checkpoint {path} is not this model's: {exc}") from exc
+                raise ModelMismatch(f"the checkpoint {path} is not this model's: {exc}; "
+                                    "move it aside or use another data_dir") from exc
             log.warning("not resuming from %s: %s", path, exc)
             return None
         log.info("resumed from %s (work %.0f, %d samples)", path.name, self.replica.work, self.replica.samples)
