@@ -48,6 +48,7 @@ from murmur.node.ops.dashboard import (
     serve_dashboard,
     swarm_view,
 )
+from murmur.node.ops.logs import exit_summary, progress_line
 from murmur.node.ops.metrics import CountingTransport, NodeMetrics, Traffic
 from murmur.node.ops.node_status import NetworkStatus, NodeStatus
 from murmur.node.ops.status import STATUS_FILE
@@ -191,6 +192,7 @@ class Node:
                     async with anyio.create_task_group() as tg:
                         # From the start: a node joining or syncing is alive too (`murmur status --health`).
                         tg.start_soon(self._report_status)
+                        tg.start_soon(self._log_progress)
                         await self._serve(cfg)
                         tg.cancel_scope.cancel()
                 with anyio.CancelScope(shield=True), anyio.move_on_after(self.averager.timeout_s):
@@ -201,7 +203,7 @@ class Node:
                 if self.checkpoint_on_exit:
                     with anyio.CancelScope(shield=True):
                         await self.save_checkpoint()
-                self.write_status()
+                log.info("%s", exit_summary(self.write_status()))
 
     async def _parting_merge(self) -> None:
         """One last exchange, if this peer trained since its last merge: a peer that leaves takes none of its work with it."""
@@ -276,6 +278,18 @@ class Node:
         while True:
             await anyio.sleep(self.config.checkpoint_every)
             await self.save_checkpoint()
+
+    async def _log_progress(self) -> None:
+        """Log `progress_line` every `progress_every` seconds of training (never if 0)."""
+        if not self.config.progress_every:
+            return
+        before = None
+        while True:
+            await anyio.sleep(self.config.progress_every)
+            if self.phase == "training":
+                now = self.status()
+                log.info("%s", progress_line(now, before))
+                before = now
 
     async def _report_status(self) -> None:
         while True:
