@@ -196,3 +196,42 @@ def test_a_refused_model_names_the_tensor_that_differs_and_leaves_no_checkpoint(
         _, model2, optimizer2 = digits()
         with murmur.Peer(model2, optimizer2, run_id="t", listen=LOOPBACK, bootstrap=first.addrs, data_dir=tmp_path / "b") as right:
             assert right.joined
+
+
+def test_options_take_the_cli_flag_names_and_the_signature_lists_only_accepted_ones() -> None:
+    import inspect
+
+    from murmur.peer import run_config
+
+    params = inspect.signature(murmur.Peer).parameters
+    assert {"relay", "no_state_sync", "no_nat_traversal"} <= set(params)
+    assert not {"relays", "sync_state", "nat_traversal", "duration", "eval_every", "ema_decay", "slowdown"} & set(params)
+    assert params["no_state_sync"].default is False and params["task"].default is None
+    by_flag = run_config({"relay": ["auto"], "no_state_sync": True, "no_nat_traversal": True})
+    by_field = run_config({"relays": ["auto"], "sync_state": False, "nat_traversal": False})  # the older names still work
+    assert by_flag == by_field and (by_flag.relays, by_flag.sync_state, by_flag.nat_traversal) == (["auto"], False, False)
+    with pytest.raises(TypeError, match="both 'relay' and 'relays'"):
+        run_config({"relay": [], "relays": []})
+    with pytest.raises(ValueError, match="slowdown is for `murmur run`'s own training loop"):
+        run_config({"slowdown": 2.0})
+
+
+def test_a_users_model_is_labelled_by_task_or_its_class_not_digits(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    class TinyNet(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 2)
+
+    model = TinyNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    absent = "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWGzh6mGrMG5RXEuq6k1qQ2VyS2MZHGuxnWX2WU6fbqT5j"
+    with murmur.Peer(model, optimizer, task="my-model", listen=LOOPBACK, bootstrap=[absent], data_dir=tmp_path / "a") as peer:
+        assert peer.status()["task"] == "my-model"
+    with murmur.Peer(model, optimizer, listen=LOOPBACK, data_dir=tmp_path / "b") as peer:
+        assert peer.status()["task"] == "TinyNet"
+    _, digits_model, digits_optimizer = digits()
+    with murmur.Peer(digits_model, digits_optimizer, listen=LOOPBACK, data_dir=tmp_path / "c") as peer:
+        assert peer.status()["task"] == "digits"  # the built-in model still joins a default `murmur run` swarm
+    out, err = capsys.readouterr()
+    # A library prints nothing to stdout, and py-libp2p's dial errors stay at DEBUG.
+    assert out == "" and "Failed to open TCP stream" not in err

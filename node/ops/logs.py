@@ -59,6 +59,29 @@ def configure_logging(level: str, peer_id: str = "", fmt: str = "text", stream: 
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
 
 
+class _AtDebug(logging.Handler):
+    """Hands each record to the `murmur.libp2p` logger at DEBUG (after that logger's level check)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        target = logging.getLogger("murmur.libp2p")
+        if target.isEnabledFor(logging.DEBUG):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            target.handle(record)
+
+
+def route_library_logs() -> None:
+    """Log py-libp2p's records (connection churn it reports at WARNING and ERROR) at DEBUG under
+    `murmur.libp2p`, so a program using `murmur.Peer` sees them only when it asks for DEBUG, not on
+    stderr by default (without a handler, Python's last-resort handler prints them). Leaves a logger
+    the program gave a handler alone. Idempotent."""
+    for name in NOISY_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.handlers:  # the program's, or ours from an earlier call
+            continue
+        logger.addHandler(_AtDebug())
+        logger.propagate = False
+
+
 def _si(value: float) -> str:
     """A rate in 3 significant digits with a k/M suffix: 950, 12.3k, 1.20M."""
     for limit, suffix in ((1e6, "M"), (1e3, "k")):

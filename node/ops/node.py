@@ -131,6 +131,9 @@ class Node:
         # False: `run` writes no final checkpoint (`murmur.Peer` after the swarm refused its model,
         # so that model's checkpoint cannot block the next run with the right one).
         self.checkpoint_on_exit = True
+        # Where the lines a user reads at start-up go (addresses, dashboard URL): stdout for
+        # `murmur run`; `murmur.Peer`, a library, logs them instead.
+        self.say: Callable[[str], None] = _print_now
         self.last_eval: dict[str, float] = {}
         self.metrics = NodeMetrics(self.peer_id, self.replica.name)
         self.metrics_url: str | None = None
@@ -181,9 +184,9 @@ class Node:
             listening = self._listen_addresses()
             announced = [a for a in addrs if a not in listening]
             for addr in listening:
-                print(f"murmur: listening on {addr}", flush=True)
+                self.say(f"murmur: listening on {addr}")
             for addr in announced:
-                print(f"murmur: announcing {addr}", flush=True)
+                self.say(f"murmur: announcing {addr}")
             if cfg.addr_file:
                 _write_atomic(cfg.addr_file, "".join(a + "\n" for a in listening + announced))
             task_status.started(addrs)
@@ -312,12 +315,12 @@ class Node:
             return
         warning = nonlocal_bind_warning(self.config.metrics_host)
         if warning:
-            print(warning, flush=True)
+            self.say(warning)
         async with serve_dashboard(self.dashboard, self.config.metrics_host, self.config.metrics_port) as url:
             self.metrics_url = url + "metrics"
             self.dashboard_url = url
-            print(f"murmur: metrics at {self.metrics_url}", flush=True)
-            print(f"murmur: dashboard at {url}", flush=True)
+            self.say(f"murmur: metrics at {self.metrics_url}")
+            self.say(f"murmur: dashboard at {url}")
             yield
 
     def status(self) -> NodeStatus:
@@ -361,6 +364,10 @@ class Node:
         status = self.status()
         _write_atomic(self.config.data_dir / STATUS_FILE, status.to_json())
         return status
+
+
+def _print_now(line: str) -> None:
+    print(line, flush=True)
 
 
 def _finite_or_none(value: float | None) -> float | None:
