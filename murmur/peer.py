@@ -271,6 +271,13 @@ class Peer:
         return self.node.replica.work * (1 + len(self.node.table.members))
 
     @property
+    def model_version(self) -> int:
+        """How many times the swarm changed the model (a merge, a state sync, a resume); read it
+        after `step()`. Whoever mirrors the model elsewhere (other data-parallel ranks) copies it
+        when this number changed."""
+        return self.node.replica.version
+
+    @property
     def joined(self) -> bool:
         """Whether this peer knows a live peer of its run now (status.json's `joined`)."""
         return bool(self.node.table.members)

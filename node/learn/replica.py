@@ -118,6 +118,7 @@ class Replica:
         self.work = 0.0  # work in the current model (shared through merges)
         self.fresh = 0.0  # samples trained since the model last merged: the merge rule's staleness measure
         self.last_loss = math.nan
+        self.version = 0  # counts the changes to the model from outside its steps: merges, adoptions, restores
 
     @property
     def fingerprint(self) -> str:
@@ -184,6 +185,7 @@ class Replica:
                         flat[elements].add_(change.to(flat.device, flat.dtype))
             self.work += work_after - snapshot.work
             self.fresh -= snapshot.fresh
+            self.version += 1
 
     def adopt(self, state: Mapping[str, torch.Tensor], work: float) -> None:
         """Replace the exchanged tensors with `state` (state sync; any device, float dtype) carrying `work`.
@@ -203,6 +205,7 @@ class Replica:
             self.fresh = 0.0
             self.rule.reset(self.exchanged)
             self.average.reset(self.model)  # the swarm's model replaced this one's past
+            self.version += 1
 
     def checkpoint_state(self) -> dict:
         """Everything needed to resume: model, optimizer, work and counters, as CPU tensors.
@@ -263,3 +266,4 @@ class Replica:
             self.average.load_averaged(state.get("weight_average", {}), self.model)
             self.work = work
             self.samples = int(state["samples"])
+            self.version += 1
