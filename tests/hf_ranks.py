@@ -14,7 +14,6 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
 import transformers  # noqa: E402
 from test_hf import RandomTokens, gpt2  # noqa: E402
 

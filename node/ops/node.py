@@ -220,7 +220,7 @@ class Node:
             if joined:
                 log.info("joined through %d of %d bootstrap peers", joined, len(cfg.bootstrap))
             else:
-                log.warning("alone: no bootstrap peer answered; training alone and retrying them with backoff")
+                log.warning("alone: no bootstrap peer answered; retrying with backoff")
             if cfg.sync_state:
                 ratio = CATCH_UP_RATIO if self.resumed_from else 0.0
                 outcome = self.sync_outcome = await self.averager.state_sync.sync_from_swarm(behind_ratio=ratio)
