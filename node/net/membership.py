@@ -163,8 +163,11 @@ class Membership:
                 self.bans.strike(stream.remote_peer, f"{type(exc).__name__}: {exc}")
         await stream.reset()
 
-    async def greet(self, peer_id: str, addrs: Sequence[str]) -> str:
-        """Greet one peer and apply its answer; return the outcome in words."""
+    async def greet(self, peer_id: str, addrs: Sequence[str], *, quiet: bool = False) -> str:
+        """Greet one peer and apply its answer; return the outcome in words.
+
+        A refusal is logged at WARNING unless `quiet` (the caller logs the outcome itself).
+        """
         try:
             with anyio.fail_after(self.hello_timeout):
                 stream = await self.transport.open_stream(peer_id, addrs, PEERS_PROTOCOL)
@@ -187,7 +190,7 @@ class Membership:
             reason = answer.reason
             if answer.layout is not None and self.identity.spec is not None:
                 reason = f"task mismatch: model fingerprint {self.identity.spec.difference(answer.layout)}"
-            log.warning("peer %s refused us: %s", peer_id[-8:], reason)
+            log.log(logging.DEBUG if quiet else logging.WARNING, "peer %s refused us: %s", peer_id[-8:], reason)
             self.table.forget(peer_id)
             self.table.dial_failed(peer_id, self.clock(), base_delay=30.0)
             await self.transport.hang_up(peer_id)
@@ -195,7 +198,7 @@ class Membership:
         assert isinstance(answer, Hello)
         refusal = self._admit(peer_id, answer)
         if refusal:
-            log.warning("refused peer %s: %s", peer_id[-8:], refusal)
+            log.log(logging.DEBUG if quiet else logging.WARNING, "refused peer %s: %s", peer_id[-8:], refusal)
             self.table.dial_failed(peer_id, self.clock(), base_delay=30.0)
             await self.transport.hang_up(peer_id)
             return f"refused: {refusal}"
@@ -208,7 +211,7 @@ class Membership:
         period); a first success at INFO. Returns the outcome in words, as `greet` does.
         """
         peer_id, addrs = parse_bootstrap(addr)
-        result = await self.greet(peer_id, addrs)
+        result = await self.greet(peer_id, addrs, quiet=True)
         previous = self.join_results.get(addr)
         self.join_results[addr] = result
         if result != previous:
