@@ -27,3 +27,15 @@ def test_cli_refuses_an_unusable_device_in_one_line(tmp_path: Path, args: list[s
     assert done.returncode == 2
     assert done.stderr.startswith(message) and done.stderr.count("\n") == 1, done.stderr
     assert not data_dir.exists()  # refused before creating an identity
+
+
+def test_a_duration_run_whose_bootstrap_never_answers_exits_3_with_the_reason(tmp_path: Path) -> None:
+    absent = "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWGzh6mGrMG5RXEuq6k1qQ2VyS2MZHGuxnWX2WU6fbqT5j"
+    done = subprocess.run(
+        [sys.executable, "-m", "murmur.node.cli", "run", "--data-dir", str(tmp_path / "data"), "--listen", "/ip4/127.0.0.1/tcp/0",
+         "--bootstrap", absent, "--duration", "2", "--threads", "1"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    assert "WARNING murmur.membership: bootstrap 127.0.0.1:1: unreachable: connection refused\n" in done.stderr
+    assert done.stderr.endswith("murmur run: never merged with a peer: 127.0.0.1:1: unreachable: connection refused\n")
