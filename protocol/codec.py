@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from murmur.protocol.errors import MalformedMessage, NonFiniteTensor, TensorMismatch
-from murmur.protocol.messages import MAX_CHUNK_BYTES, WIRE_DTYPE_NAMES
+from murmur.protocol.messages import MAX_CHUNK_BYTES, MAX_LAYOUT_ENTRIES, WIRE_DTYPE_NAMES
 
 WIRE_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8,
@@ -74,7 +74,7 @@ class TensorSpec:
         """The first names and shapes as `[[name, [dims]], ...]`, within `max_bytes` of JSON (for `Refuse.layout`)."""
         out: list[list] = []
         size = 2
-        for name, shape in self.entries:
+        for name, shape in self.entries[:MAX_LAYOUT_ENTRIES]:
             size += len(json.dumps([name, list(shape)])) + 1
             if size > max_bytes:
                 break
@@ -96,7 +96,8 @@ class TensorSpec:
             if name != their_name:
                 return f"differs at tensor {i}: {name} {_dims(shape)} {here}, {their_name} {_dims(their_shape)} {there}"
         if len(others) < len(ours):
-            if not complete and len(json.dumps([list(e) for e in others])) > DESCRIBED_BYTES - 1024:  # cut short by the sender
+            cut = len(others) == MAX_LAYOUT_ENTRIES or len(json.dumps([list(e) for e in others])) > DESCRIBED_BYTES - 1024
+            if not complete and cut:  # the sender described only its first tensors
                 return f"the first {len(others)} tensors match; the task name, architecture or a later tensor differs"
             return f"differs in {ours[len(others)][0]}: {here} only"
         if len(others) > len(ours):
