@@ -36,7 +36,7 @@ def _version() -> str:
 
 # Imported on first use, so `murmur.node.net` (which needs no torch) does not load the API's torch.
 _PUBLIC = {
-    "Peer": "murmur.peer", "PeerClosed": "murmur.peer",
+    "Peer": "murmur.peer", "PeerClosed": "murmur.peer", "NotJoined": "murmur.peer",
     "DeviceError": "murmur.node.learn.device", "DataDirLocked": "murmur.node.ops.data_dir",
     "ForeignOptimizer": "murmur.node.learn.user_loop", "ModelMismatch": "murmur.node.learn.user_loop",
 }  # fmt: skip

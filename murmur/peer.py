@@ -33,13 +33,15 @@ from murmur.node.averaging.outcome import Result
 from murmur.node.averaging.state_sync import StateSyncRefused
 from murmur.node.learn.device import DeviceError, check_mixed_precision, resolve_device
 from murmur.node.learn.replica import Replica, model_device
-from murmur.node.learn.tasks import BUILTIN_TASKS, load_task
+from murmur.node.learn.tasks import BUILTIN_TASKS, DigitsTask, load_task
 from murmur.node.learn.user_loop import ModelMismatch, StepGate, check_optimizer
 from murmur.node.net.identity import load_or_create_identity
 from murmur.node.ops.config import NodeConfig
+from murmur.node.ops.logs import route_library_logs
 from murmur.node.ops.node import Node, build_node
 from murmur.node.ops.node_status import NodeStatus
 from murmur.node.ops.status import STATUS_FILE
+from murmur.protocol.codec import TensorSpec
 
 log = logging.getLogger("murmur.peer")
 
@@ -48,6 +50,13 @@ LOOP_ONLY = ("eval_every", "ema_decay", "duration")
 _FIELDS = {f.name: f for f in dataclasses.fields(NodeConfig)}
 _HINTS = get_type_hints(NodeConfig)
 STOP_TIMEOUT_S = 30.0  # the node's own goodbye (3 s) and checkpoint fit well within this
+
+
+JOIN_POLL_S = 0.05  # how often `wait_joined` looks at the peer table (on the node's event loop)
+
+
+class NotJoined(TimeoutError):
+    """`Peer.wait_joined` timed out: no peer of the run answered; the message gives each bootstrap's reason."""
 
 
 class PeerClosed(RuntimeError):
@@ -59,19 +68,56 @@ def _default(name: str) -> Any:
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
-def run_config(options: dict[str, Any]) -> NodeConfig:
-    """The `NodeConfig` for `Peer`'s keyword arguments: `murmur run`'s options by field name, same defaults.
+def _flag_aliases() -> dict[str, tuple[str, bool]]:
+    """`murmur run`'s flag names that are not field names, as keywords: name -> (field, negated).
 
+    `--relay` sets `relays`; `--no-state-sync` sets `sync_state` to false (negated).
+    """
+    aliases = {}
+    for name, f in _FIELDS.items():
+        how = f.metadata.get("option")
+        if how is not None and how.flag:
+            alias = how.flag.replace("-", "_")
+            aliases[alias] = (name, alias.startswith("no_") and _HINTS[name] is bool)
+    return aliases
+
+
+FLAG_NAMES = _flag_aliases()
+# Settings of `murmur run`'s own loop or of its hardware emulation: refused, with why.
+REFUSED = (*LOOP_ONLY, "slowdown", "step_time")
+
+
+def _field_options(options: dict[str, Any]) -> dict[str, Any]:
+    """`options` by `NodeConfig` field name: flag-named keywords (`relay`, `no_state_sync`, …) translated."""
+    out = {}
+    for name, value in options.items():
+        if name not in FLAG_NAMES:
+            out[name] = value
+            continue
+        field, negated = FLAG_NAMES[name]
+        if field in options:
+            raise TypeError(f"murmur.Peer got both {name!r} and {field!r}: pass one")
+        if negated and not isinstance(value, bool):
+            raise TypeError(f"{name} takes True or False, got {value!r}")
+        out[field] = not value if negated else value
+    return out
+
+
+def run_config(options: dict[str, Any]) -> NodeConfig:
+    """The `NodeConfig` for `Peer`'s keyword arguments: `murmur run`'s options, same defaults.
+
+    Options are named like `murmur run`'s flags (`relay`, `no_state_sync`, `no_nat_traversal`,
+    `wire_dtype`, …); the `NodeConfig` field names (`relays`, `sync_state`, `nat_traversal`) work too.
     Raises `TypeError` for an unknown name (suggesting the closest), `ValueError` for a bad
     value or for an option of `murmur run`'s own loop (its pace, its evaluation).
     """
-    for name, value in options.items():
-        if name not in _FIELDS:
-            close = difflib.get_close_matches(name, _FIELDS, n=1)
-            raise TypeError(f"murmur.Peer got an unknown option {name!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
-        if name in LOOP_ONLY and value != _default(name):
+    for name in options:
+        if name in REFUSED:
             raise ValueError(f"{name} is for `murmur run`'s own training loop; a murmur.Peer trains and evaluates in your loop")
-    values = {name: _checked(name, value) for name, value in options.items()}
+        if name not in _FIELDS and name not in FLAG_NAMES:
+            close = difflib.get_close_matches(name, [*_FIELDS, *FLAG_NAMES], n=1)
+            raise TypeError(f"murmur.Peer got an unknown option {name!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
+    values = {name: _checked(name, value) for name, value in _field_options(options).items()}
     return NodeConfig(**values)
 
 
@@ -97,8 +143,26 @@ def _checked(name: str, value: Any) -> Any:
 
 
 def _task_name(spec: str) -> str:
-    """The name a run's task goes by (it labels the model's fingerprint), without building its model."""
-    return BUILTIN_TASKS[spec].name if spec in BUILTIN_TASKS else load_task(spec).name
+    """The name a run's task goes by (it labels the model's fingerprint), without building its model.
+
+    A built-in task's name, a `package.module:factory` task's name, or else `spec` itself: the
+    label of the user's own model (shown in status and on dashboards; peers must use the same).
+    """
+    if spec in BUILTIN_TASKS:
+        return BUILTIN_TASKS[spec].name
+    if ":" in spec:
+        return load_task(spec).name
+    if not spec.strip() or len(spec) > 64:
+        raise ValueError(f"invalid task={spec!r}: a label of 1 to 64 characters, a built-in task or package.module:factory")
+    return spec
+
+
+def _default_label(model: nn.Module) -> str:
+    """The label of a model passed without `task`: "digits" for the built-in digits model (so it
+    joins a default `murmur run` swarm), else the model's class name."""
+    digits = DigitsTask().build_model()
+    same = type(model) is type(digits) and TensorSpec.of(model.state_dict()) == TensorSpec.of(digits.state_dict())
+    return DigitsTask.name if same else type(model).__name__
 
 
 class Peer:
@@ -113,16 +177,18 @@ class Peer:
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, **options: Any) -> None:
-        config = run_config(options)
+        label = options.pop("task", None)  # None: "digits" for the built-in digits model, else the model's class name
+        config = run_config(options if label is None else {**options, "task": label})
         device = model_device(model)
         if config.device != "auto" and resolve_device(config.device) != device:  # raises DeviceError first if absent
             raise DeviceError(f"device={config.device!r} but the model is on {device}")
         if config.mixed_precision:
             check_mixed_precision(device)
         check_optimizer(model, optimizer)
+        route_library_logs()
         self.config = config
         self._gate = StepGate()
-        name = _task_name(config.task)
+        name = _task_name(label) if label is not None else _default_label(model)
         self._make_replica = lambda rule: Replica(name, model, optimizer, rule=rule, access=self._gate)
         self._key_pair = load_or_create_identity(config.data_dir)
         self._node: Node | None = None
@@ -139,6 +205,7 @@ class Peer:
             raise self._error
         refusal = self._refusal()
         if refusal is not None:
+            self.node.checkpoint_on_exit = False  # the refused model's checkpoint would block the next run
             self.close()
             raise ModelMismatch(f"the run's peers refused this model: {refusal}")
         self._gate.open()  # from now on the model is touched only inside `step`
@@ -168,6 +235,7 @@ class Peer:
     async def _serve(self) -> None:
         self._token = anyio.lowlevel.current_token()
         node = self._node = build_node(self.config, self._key_pair, user_loop=self._make_replica)
+        node.say = log.info  # a library prints nothing: `peer.addrs` has the addresses
         node.on_phase = self._on_phase
         await node.run()
 
@@ -201,6 +269,47 @@ class Peer:
         this peer knows, itself included. Merges conserve the sum of work (`work` rule), so
         the estimate is exact once the swarm has mixed and the view holds every peer."""
         return self.node.replica.work * (1 + len(self.node.table.members))
+
+    @property
+    def model_version(self) -> int:
+        """How many times the swarm changed the model (a merge, a state sync, a resume); read it
+        after `step()`. Whoever mirrors the model elsewhere (other data-parallel ranks) copies it
+        when this number changed."""
+        return self.node.replica.version
+
+    @property
+    def joined(self) -> bool:
+        """Whether this peer knows a live peer of its run now (status.json's `joined`)."""
+        return bool(self.node.table.members)
+
+    @property
+    def alone_reason(self) -> str | None:
+        """Why this peer knows no peer now, in one line (each bootstrap's last outcome); None once it knows one."""
+        return self.node.membership.alone_reason(self.config.bootstrap)
+
+    def wait_joined(self, timeout: float | None = None) -> None:
+        """Block until this peer knows a live peer of its run (returns at once if it does).
+
+        Bootstrap peers are retried with backoff meanwhile. Raises `NotJoined` (a `TimeoutError`)
+        naming each bootstrap's reason if none answered within `timeout` seconds (None: wait
+        forever), and `PeerClosed` if the peer is closed.
+        """
+        if self._closed or not self._thread.is_alive() or self._token is None:
+            raise PeerClosed("this murmur.Peer is closed") from self._error
+
+        async def wait() -> bool:
+            with anyio.move_on_after(float("inf") if timeout is None else timeout):
+                while not self.node.table.members:
+                    await anyio.sleep(JOIN_POLL_S)
+                return True
+            return False
+
+        try:
+            joined = anyio.from_thread.run(wait, token=self._token)
+        except anyio.RunFinishedError:
+            raise PeerClosed("this murmur.Peer's node stopped") from self._error
+        if not joined:
+            raise NotJoined(f"no peer joined within {timeout:g} s: {self.alone_reason}")
 
     def step(self, samples: int | None = None, *, tokens: int | None = None, loss: float | None = None) -> None:
         """Count one finished step of your loop (`samples` or `tokens` of work) and apply pending merges.
@@ -251,10 +360,22 @@ class Peer:
         self.close()
 
 
-# `help(murmur.Peer)` lists every option with its default, as `murmur run --help` does.
+def _signature_default(field: str, negated: bool) -> Any:
+    if field == "task":
+        return None  # `Peer` labels the model itself (see `_default_label`)
+    return not _default(field) if negated else _default(field)
+
+
+# `help(murmur.Peer)` lists every option it accepts with its default, named like `murmur run`'s flags
+# (`relay`, not `relays`); the options it refuses (`REFUSED`) are left out.
+_BY_FLAG = {field: alias for alias, (field, _) in FLAG_NAMES.items()}
 Peer.__init__.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
     [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
      inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=nn.Module),
      inspect.Parameter("optimizer", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=torch.optim.Optimizer)]
-    + [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=_default(name), annotation=_HINTS[name]) for name in _FIELDS]
+    + [inspect.Parameter(_BY_FLAG.get(name, name), inspect.Parameter.KEYWORD_ONLY,
+                         default=_signature_default(name, FLAG_NAMES.get(_BY_FLAG.get(name, ""), ("", False))[1]),
+                         annotation=bool if FLAG_NAMES.get(_BY_FLAG.get(name, ""), ("", False))[1]
+                         else str | None if name == "task" else _HINTS[name])
+       for name in _FIELDS if name not in REFUSED]
 )

@@ -19,14 +19,15 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from murmur.protocol.errors import MalformedMessage, NonFiniteTensor, TensorMismatch
-from murmur.protocol.messages import MAX_CHUNK_BYTES, WIRE_DTYPE_NAMES
+from murmur.protocol.messages import MAX_CHUNK_BYTES, MAX_LAYOUT_ENTRIES, WIRE_DTYPE_NAMES
 
 WIRE_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8,
@@ -37,6 +38,9 @@ _SCALE_BYTES = 4
 _MAX_SCALE = torch.finfo(torch.float32).max / 127  # larger scales overflow float32 when dequantized
 _MIN_SCALE = torch.finfo(torch.float32).smallest_normal
 assert sys.byteorder == "little", "the wire format is little-endian and is written from memory as is"
+
+
+DESCRIBED_BYTES = 48 * 1024  # a described layout fits a control frame (64 KiB) with room to spare
 
 
 @dataclass(frozen=True)
@@ -66,10 +70,48 @@ class TensorSpec:
         """A hex digest of the architecture description plus every name and shape."""
         return hashlib.sha256(architecture.encode() + self.header()).hexdigest()
 
+    def described(self, max_bytes: int = DESCRIBED_BYTES) -> list[list]:
+        """The first names and shapes as `[[name, [dims]], ...]`, within `max_bytes` of JSON (for `Refuse.layout`)."""
+        out: list[list] = []
+        size = 2
+        for name, shape in self.entries[:MAX_LAYOUT_ENTRIES]:
+            size += len(json.dumps([name, list(shape)])) + 1
+            if size > max_bytes:
+                break
+            out.append([name, list(shape)])
+        return out
+
+    def difference(self, theirs: Sequence[Sequence[Any]], *, complete: bool = False, here: str = "here", there: str = "there") -> str:
+        """The first difference between this spec and `theirs` (`described()`'s form), in words.
+
+        "differs in <name>: shape 10×64 here, 10×32 there", another tensor at a position, a
+        tensor on one side only, or, when every tensor matches, that the task name or the
+        architecture differs. `theirs` may be cut short (`described`) unless `complete`.
+        """
+        ours = [(n, tuple(s)) for n, s in self.entries]
+        others = [(str(n), tuple(s)) for n, s in theirs]
+        for i, ((name, shape), (their_name, their_shape)) in enumerate(zip(ours, others)):
+            if name == their_name and shape != their_shape:
+                return f"differs in {name}: shape {_dims(shape)} {here}, {_dims(their_shape)} {there}"
+            if name != their_name:
+                return f"differs at tensor {i}: {name} {_dims(shape)} {here}, {their_name} {_dims(their_shape)} {there}"
+        if len(others) < len(ours):
+            cut = len(others) == MAX_LAYOUT_ENTRIES or len(json.dumps([list(e) for e in others])) > DESCRIBED_BYTES - 1024
+            if not complete and cut:  # the sender described only its first tensors
+                return f"the first {len(others)} tensors match; the task name, architecture or a later tensor differs"
+            return f"differs in {ours[len(others)][0]}: {here} only"
+        if len(others) > len(ours):
+            return f"differs in {others[len(ours)][0]}: {there} only"
+        return "same tensor names and shapes: the task name or the architecture differs"
+
     def wire_size(self, dtype: str) -> int:
         """The exact byte size of a model with this spec in wire dtype `dtype`."""
         scales = _SCALE_BYTES * len(self.entries) if dtype == "int8" else 0
         return scales + WIRE_DTYPES[dtype].itemsize * self.numel
+
+
+def _dims(shape: tuple[int, ...]) -> str:
+    return "×".join(map(str, shape)) or "scalar"
 
 
 def _numel(shape: tuple[int, ...]) -> int:

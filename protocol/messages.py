@@ -27,6 +27,7 @@ MAX_PARTNERS = 8  # recent averaging partners a peer summary names
 MAX_RATE = 1e12  # samples/s: a bound for the type, far above any real peer
 MAX_PARAMS_SIZE = 1 << 40  # a bound for the type; each receiver caps by its own model
 MAX_CHUNK_BYTES = 1 << 20
+MAX_LAYOUT_ENTRIES = 4096  # tensors a `Refuse` may describe (a frame's 64 KiB bounds it first)
 WIRE_DTYPE_NAMES = ("float32", "bfloat16", "float16", "int8")
 
 
@@ -185,13 +186,29 @@ class Hello(Message):
 
 @dataclass(frozen=True)
 class Refuse(Message):
-    """The responder will not take part, for a stated reason (e.g. task mismatch)."""
+    """The responder will not take part, for a stated reason (e.g. task mismatch).
+
+    On a model fingerprint mismatch it may add `layout`, its model's tensor names and shapes
+    in order (the first ones, within a frame), so the refused peer can name what differs.
+    """
 
     TYPE: ClassVar[int] = 2
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"layout"})
     reason: str
+    layout: list | None = None  # [[name, [dim, ...]], ...]
 
     def __post_init__(self) -> None:
         _check_text("reason", self.reason)
+        if self.layout is None:
+            return
+        if not isinstance(self.layout, list) or len(self.layout) > MAX_LAYOUT_ENTRIES:
+            raise MalformedMessage(f"field 'layout' must be a list of at most {MAX_LAYOUT_ENTRIES} entries")
+        for entry in self.layout:
+            ok = isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) and len(entry[0]) <= MAX_TEXT
+            if not ok or not isinstance(entry[1], list) or len(entry[1]) > 16 or not all(
+                isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**40 for d in entry[1]
+            ):
+                raise MalformedMessage("field 'layout' must hold [name, [dim, ...]] entries")
 
 
 @dataclass(frozen=True)

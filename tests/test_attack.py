@@ -12,7 +12,7 @@ from lab.swarm import Peer, start_peer, start_swarm, stop_swarm, wait_for_addres
 
 pytestmark = pytest.mark.slow
 DURATION = 15.0
-EXTRA = ["--task", "digits", "--step-time", "20", "--duration", str(DURATION)]
+EXTRA = ["--task", "digits", "--step-time", "20", "--duration", str(DURATION), "--log-level", "DEBUG"]  # exchanges log at DEBUG
 ADVERSARY = [sys.executable, "-m", "lab.adversary"]
 
 

@@ -21,6 +21,7 @@ from murmur.protocol.codec import (
     wire_chunks,
 )
 from murmur.protocol.errors import MalformedMessage, NonFiniteTensor, RemoteProtocolError, TensorMismatch
+from murmur.protocol.messages import MAX_LAYOUT_ENTRIES
 
 
 def _model() -> nn.Module:
@@ -301,3 +302,19 @@ def test_pieces_cover_a_tensor_in_bounded_float32_pieces_for_dicts_and_wire_stat
         assert all(p.dtype == torch.float32 and p.numel() <= 16 for _, p in got)
         assert torch.equal(torch.cat([p for _, p in got]), expected.reshape(-1))
         assert [e.start for e, _ in got] == list(range(0, 70, 16))
+
+
+def test_a_spec_names_the_first_tensor_that_differs_from_another() -> None:
+    ours = TensorSpec((("fc.weight", (10, 64)), ("fc.bias", (10,))))
+    assert ours.difference([["fc.weight", [10, 32]], ["fc.bias", [10]]]) == "differs in fc.weight: shape 10×64 here, 10×32 there"
+    assert ours.difference([["head.weight", [10, 64]]]) == "differs at tensor 0: fc.weight 10×64 here, head.weight 10×64 there"
+    assert ours.difference([["fc.weight", [10, 64]]]) == "differs in fc.bias: here only"
+    assert ours.difference([*ours.described(), ["extra", []]]) == "differs in extra: there only"
+    assert ours.difference(ours.described()) == "same tensor names and shapes: the task name or the architecture differs"
+    big = TensorSpec(tuple((f"layer{i}.weight", (64, 64)) for i in range(5000)))
+    described = big.described()
+    assert 0 < len(described) < 5000  # cut to fit a control frame
+    assert big.difference(described).startswith(f"the first {len(described)} tensors match")
+    many = TensorSpec(tuple(("", ()) for _ in range(6000)))  # tiny entries: the count caps first
+    assert len(many.described()) == MAX_LAYOUT_ENTRIES
+    assert many.difference(many.described()).startswith(f"the first {MAX_LAYOUT_ENTRIES} tensors match")

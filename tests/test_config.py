@@ -225,6 +225,7 @@ shard = 3
 no-state-sync = true
 no-nat-traversal = true
 checkpoint-every = 60
+progress-every = 10
 allow-peers = "/data/peers.txt"
 swarm-secret-file = "/data/secret"
 wire-dtype = "bfloat16"
@@ -252,7 +253,7 @@ def test_a_murmur_toml_with_every_option_loads(parser: argparse.ArgumentParser, 
         addr_file=Path("/data/addrs.txt"), announce=["/ip4/203.0.113.7/tcp/4001"], relays=[RELAY], relay_service=True,
         weighting="uniform", merge="outer", outer_lr=0.5, outer_momentum=0.8, average_every=0.2, exchange_share=0.25, exchange_timeout=5.0,
         min_link_mbit=2.5, partners="uniform", liveness_timeout=12.0, view_size=None, eval_every=2.0, duration=600.0, shard=3, sync_state=False, nat_traversal=False,
-        checkpoint_every=60.0, allow_peers=Path("/data/peers.txt"), swarm_secret_file=Path("/data/secret"),
+        checkpoint_every=60.0, progress_every=10.0, allow_peers=Path("/data/peers.txt"), swarm_secret_file=Path("/data/secret"),
         wire_dtype="bfloat16", optimizer_state="keep", ema_decay=0.5, max_connections=100,
         metrics_port=9100, metrics_host="0.0.0.0", device="cpu", threads=4,
     )  # fmt: skip

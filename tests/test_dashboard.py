@@ -243,3 +243,16 @@ async def test_a_peer_that_names_itself_script_executes_nothing_in_a_real_browse
     assert not root.find_all("img") and not root.find_all("b") and not root.find_all("i")
     assert len(root.find_all("script")) == 1  # the page's own
     assert chart_points(by_id, "chart-loss")["peer1"] == 2
+
+
+async def test_the_page_says_when_the_node_is_alone_and_why() -> None:
+    alone = _status(joined=False, alone_reason="127.0.0.1:1: unreachable: connection refused")
+    view = swarm_view(alone, {}, SwarmHistory(), 0.0, [], {})
+    assert (view["joined"], view["alone_reason"]) == (False, "127.0.0.1:1: unreachable: connection refused")
+    assert swarm_view(_status(), {}, SwarmHistory(), 0.0, [], {})["joined"] is True
+    state = DashboardState()
+    state.publish(alone, view)
+    async with serve_dashboard(state, "127.0.0.1", 0) as url:
+        html = await anyio.to_thread.run_sync(dump_dom, url)
+    _, by_id = parse_dom(html)
+    assert by_id["state"].all_text().startswith("alone: 127.0.0.1:1: unreachable: connection refused · updated ")

@@ -87,3 +87,50 @@ def test_a_trainer_and_a_loop_on_another_thread_train_together(tmp_path: Path) -
     assert status_hf["exchanges"].get("merged", 0) > 0 and status_loop["exchanges"].get("merged", 0) > 0
     # GPT-2's output layer is its token embedding: it travels and merges as one tensor.
     assert callback.peer.node.replica.exchanged.aliases == {"lm_head.weight": "transformer.wte.weight"}
+
+
+@pytest.mark.slow
+def test_two_ranks_under_torchrun_are_one_swarm_peer_that_counts_samples_once(tmp_path: Path) -> None:
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    model = gpt2()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    stop = threading.Event()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with murmur.Peer(model, optimizer, run_id="hf", listen=LOOPBACK, data_dir=tmp_path / "loop") as loop_peer:
+
+        def train_loop() -> None:
+            data = RandomTokens(1)
+            for step in range(20_000):  # bounded; stopped by the test
+                if stop.is_set():
+                    return
+                batch = {k: torch.stack([data[i][k] for i in range(step % 512 * 8, step % 512 * 8 + 8)]) for k in ("input_ids", "labels")}
+                model(**batch).loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                loop_peer.step(samples=8)
+
+        thread = threading.Thread(target=train_loop, daemon=True)
+        thread.start()
+        try:
+            job = subprocess.run(
+                [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                 "--master_port", str(port), str(Path(__file__).with_name("hf_ranks.py")), str(tmp_path), loop_peer.addrs[0], "60"],
+                env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=400, check=False,
+            )  # fmt: skip
+        finally:
+            stop.set()
+            thread.join(60)
+    assert job.returncode == 0, job.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["peer"] for r in ranks] == [True, False]  # one swarm peer for the data-parallel group
+    status = ranks[0]["status"]
+    assert status["samples"] == 60 * 8 * 2 * 2  # batch x accumulation x 2 ranks per step, counted once
+    assert status["exchanges"].get("merged", 0) > 0
+    assert ranks[0]["checksum"] == ranks[1]["checksum"]  # rank 1 followed the merges
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("peer")) == ["peer"]

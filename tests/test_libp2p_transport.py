@@ -107,3 +107,21 @@ async def test_libp2p_connections_from_strangers_are_closed_as_they_open(caplog:
             while ID.from_base58(stranger.peer_id) in node.host.get_connected_peers():
                 await anyio.sleep(0.01)
     assert f"closing connections from {stranger.peer_id[-8:]}: not on the allow-list" in caplog.text
+
+
+async def test_a_bootstrap_with_another_peer_id_or_a_closed_port_gets_a_short_specific_reason() -> None:
+    loopback = ["/ip4/127.0.0.1/tcp/0"]
+    node, joiner = Libp2pTransport(create_new_key_pair()), Libp2pTransport(create_new_key_pair())
+    other_id = Libp2pTransport(create_new_key_pair()).peer_id
+    async with node.run(loopback), joiner.run(loopback):
+        greeter = member(joiner)
+        member(node)
+        host = node.listen_addresses()[0].split("/p2p/")[0]
+        wrong = await greeter.greet(other_id, [f"{host}/p2p/{other_id}"])
+        assert wrong == f"peer ID mismatch: expected …{other_id[-8:]}, got {node.peer_id}"
+        absent_id = Libp2pTransport(create_new_key_pair()).peer_id
+        closed = f"/ip4/127.0.0.1/tcp/1/p2p/{absent_id}"
+        assert await greeter.greet(absent_id, [closed]) == "unreachable: connection refused"
+        # A retry too: py-libp2p's negative cache must not hide the real reason.
+        assert await greeter.greet(absent_id, [closed]) == "unreachable: connection refused"
+        assert await greeter.greet(node.peer_id, node.listen_addresses()) == "ok"

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from murmur.node.ops.logs import configure_logging
+from murmur.node.ops.logs import configure_logging, exit_summary, progress_line
 
 PEER = "12D3KooWAbCdEfGhIjKlMnOpQrStUvWxYz0123456789abcdef"
 
@@ -59,3 +59,24 @@ def test_unknown_format_or_level_is_refused() -> None:
         configure_logging("INFO", PEER, "xml")
     with pytest.raises(ValueError):
         configure_logging("CHATTY", PEER, "text", stream=io.StringIO())
+
+
+def test_the_progress_line_gives_rate_loss_metric_merges_and_peers_in_one_short_line() -> None:
+    from status_example import example_status
+
+    before = example_status(samples=1000, uptime_s=10.0)
+    now = example_status(samples=13_300, uptime_s=11.0, loss=0.00312, eval={"accuracy": 0.9781, "loss": 0.118},
+                         exchanges={"merged": 12, "busy": 3}, known_peers=3, joined=True)  # fmt: skip
+    line = progress_line(now, before)
+    assert line == "12.3k samples/s, loss 0.00312, accuracy 0.978, 12 merges, 3 peers"
+    assert len(f"murmur[abcdefgh] INFO murmur.node: {line}") <= 100
+    alone = example_status(samples=0, uptime_s=5.0, samples_per_s=0.0, loss=float("nan"), eval={},
+                           exchanges={}, known_peers=0, joined=False)  # fmt: skip
+    assert progress_line(alone) == "0 samples/s, loss n/a, 0 merges, alone"
+    assert exit_summary(now) == f"done after 11 s, 13300 samples: {_si_rate(now)} samples/s, loss 0.00312, accuracy 0.978, 12 merges, 3 peers"
+
+
+def _si_rate(status) -> str:  # noqa: ANN001
+    from murmur.node.ops.logs import _si
+
+    return _si(status.samples_per_s)

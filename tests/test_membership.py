@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 from collections.abc import AsyncIterator
@@ -88,10 +89,10 @@ async def test_a_silent_peer_times_out_and_is_backed_off() -> None:
         silent.set_handler(PEERS_PROTOCOL, never_answer)
         async with silent.run():
             result = await a.greet("silent", silent.addresses())
-        assert result.startswith("unreachable: TimeoutError")
+        assert result == "unreachable: no answer within 3 s"
         assert anyio.current_time() == pytest.approx(HELLO_TIMEOUT)  # simulated seconds
         assert not a.table.may_dial("silent", anyio.current_time()) and "silent" not in a.table.members
-        assert (await a.greet("gone", ["/memory/gone/p2p/gone"])).startswith("unreachable: TransportError")
+        assert (await a.greet("gone", ["/memory/gone/p2p/gone"])).startswith("unreachable: cannot open")
 
 
 async def test_join_greets_every_bootstrap_peer_and_counts_the_answers() -> None:
@@ -100,3 +101,51 @@ async def test_join_greets_every_bootstrap_peer_and_counts_the_answers() -> None
         assert [parse_bootstrap(x)[0] for x in bootstrap] == [b.transport.peer_id, c.transport.peer_id, "gone"]
         assert await a.join(bootstrap) == 2
         assert a.table.members.keys() == {b.transport.peer_id, c.transport.peer_id}
+
+
+async def test_an_alone_node_retries_its_bootstrap_with_backoff_until_it_joins(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="murmur")
+    async with members("digits") as (a,):
+        late = a.transport.network.transport("late")  # the bootstrap peer, not up yet
+        bootstrap = "/memory/late/p2p/late"
+        attempts: list[float] = []
+        greet_bootstrap = a.greet_bootstrap
+
+        async def counted(addr: str) -> str:
+            attempts.append(anyio.current_time())
+            return await greet_bootstrap(addr)
+
+        a.greet_bootstrap = counted  # type: ignore[method-assign]
+        assert a.alone_reason([]) == "no bootstrap peers given: waiting for peers to join this one"
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(a.run, [bootstrap], 1.0)
+            await anyio.sleep(300)
+            gaps = [t1 - t0 for t0, t1 in itertools.pairwise(attempts)]
+            # Each wait at least doubles the one before, up to the 60 s cap; it keeps trying past the cap.
+            assert [g >= min(2**i, 60) for i, g in enumerate(gaps)] == [True] * len(gaps)
+            assert max(gaps) < 60 + 1.2 * 2 and len(attempts) >= 7
+            assert a.join_results[bootstrap].startswith("unreachable: ")
+            assert a.alone_reason([bootstrap]) == "/memory/late: " + a.join_results[bootstrap]
+
+            late_membership = Membership(late, PeerTable("late", 1e9), TaskIdentity("digits", "fingerprint"), rng=random.Random(9))
+            late.set_handler(PEERS_PROTOCOL, late_membership.serve)
+            async with late.run():
+                await anyio.sleep(61.2 * 2)
+                assert "late" in a.table.members and a.join_results[bootstrap] == "ok"
+                assert a.alone_reason([bootstrap]) is None
+                joined_after = len(attempts)
+                await anyio.sleep(300)
+                assert len(attempts) == joined_after  # a member known: no more bootstrap retries
+                tg.cancel_scope.cancel()
+    logged = [r.getMessage() for r in caplog.records if r.name == "murmur.membership"]
+    # One warning per distinct reason, not one per retry; then one line when it joins.
+    assert [m for m in logged if m.startswith("bootstrap /memory/late:")] == [
+        "bootstrap /memory/late: unreachable: cannot open /murmur/peers/1.0.0 to late: unreachable",
+        "bootstrap /memory/late: joined"]
+
+
+async def test_a_refusing_bootstrap_is_an_alone_reason() -> None:
+    async with members("digits", "other-run") as (a, b):
+        bootstrap = addrs(b)[0]
+        assert await a.join([bootstrap]) == 0
+        assert a.alone_reason([bootstrap]) == "/memory/peer1: refused: task mismatch: run id 'digits' != 'other-run'"

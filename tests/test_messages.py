@@ -44,6 +44,7 @@ EXAMPLES: list[Message] = [
     Hello("run-1", "f" * 64, ["/ip4/10.0.0.1/tcp/1", "/ip6/::1/tcp/2"], [PEER, PeerRecord("other", [])], leaving=True),
     Hello("", "", [], []),
     Refuse("task mismatch: run 'a' != 'b'"),
+    Refuse("task mismatch: model fingerprint a != b", layout=[["fc.weight", [10, 64]], ["fc.bias", [10]], ["scale", []]]),
     Offer("run-1", "abc", 1234.5),
     Offer("run-1", "abc", 0),
     Accept(7.0),
@@ -422,3 +423,10 @@ def test_fresh_work_above_the_stated_work_is_refused_on_construction() -> None:
 def test_a_missing_required_field_names_the_optional_ones_too() -> None:
     with pytest.raises(MalformedMessage, match=r"Accept: expected fields \['work'\] \(optional \['fresh'\]\), got \['fresh'\]"):
         decode_body(Accept.TYPE, b'{"fresh":1}')
+
+
+def test_a_refusal_without_a_layout_stays_byte_for_byte_and_a_bad_layout_is_rejected() -> None:
+    assert Refuse("no").body() == b'{"reason":"no"}'  # what peers from before `layout` send and expect
+    for layout in ("fc", [["fc.weight"]], [["fc.weight", [-1]]], [["fc.weight", [True]]], [[1, [2]]]):
+        with pytest.raises(MalformedMessage, match="field 'layout'"):
+            Refuse("x", layout=layout)  # type: ignore[arg-type]

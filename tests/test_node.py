@@ -142,3 +142,52 @@ async def test_a_peer_that_stops_hands_its_unmerged_work_to_a_partner_first(tmp_
             stays.request_stop()
     assert leaves.averager.outcomes[Result.MERGED] == 1 == merged
     assert leaves.replica.fresh == 0  # its work went into the partner's model
+
+
+async def test_a_node_whose_bootstrap_never_answers_says_it_is_alone_and_why(tmp_path: Path) -> None:
+    from murmur.node.ops.run import EXIT_NEVER_JOINED, never_joined_exit
+
+    net = MemoryNetwork()
+    config = NodeConfig(data_dir=tmp_path / "n", bootstrap=["/memory/gone/p2p/gone"], duration=0.5, gossip_every=0.2)
+    node = Node(config, net.transport("n"))
+    with anyio.fail_after(60):
+        await node.run()
+    status = NodeStatus.from_json((node.config.data_dir / STATUS_FILE).read_text())
+    assert not status.joined
+    assert status.alone_reason == "/memory/gone: unreachable: cannot open /murmur/peers/1.0.0 to gone: unreachable"
+    assert status.bootstrap == {"/memory/gone/p2p/gone": "unreachable: cannot open /murmur/peers/1.0.0 to gone: unreachable"}
+    assert node.duration_ended and node.never_joined() == status.alone_reason
+    assert never_joined_exit(node) == EXIT_NEVER_JOINED
+    first = Node(NodeConfig(data_dir=tmp_path / "first", duration=0.5), net.transport("first"))
+    with anyio.fail_after(60):
+        await first.run()
+    # A swarm's first node is alone by design: its status says so, and it exits 0.
+    assert first.status().alone_reason == "no bootstrap peers given: waiting for peers to join this one"
+    assert first.never_joined() is None and never_joined_exit(first) == 0
+
+
+async def test_a_node_logs_progress_periodically_and_a_summary_at_exit_but_exchanges_only_at_debug(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="murmur")
+    net = MemoryNetwork()
+    first = Node(NodeConfig(data_dir=tmp_path / "a", average_every=0.1, progress_every=0.3), net.transport("a"))
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            addrs = await tg.start(first.run)
+            second = Node(NodeConfig(data_dir=tmp_path / "b", bootstrap=addrs, average_every=0.1, progress_every=0.3), net.transport("b"))
+            await tg.start(second.run)
+            done = lambda: second.averager.outcomes[Result.MERGED] >= 2 and len(progress(caplog)) >= 2  # noqa: E731
+            tg.start_soon(stop_when, [first, second], done)
+    exchanges = [r for r in caplog.records if r.getMessage().startswith("exchange with")]
+    assert exchanges and {r.levelno for r in exchanges} == {logging.DEBUG}
+    assert any(m.endswith("1 peer") for m in progress(caplog))
+    summaries = [r.getMessage() for r in caplog.records if r.getMessage().startswith("done after")]
+    assert len(summaries) == 2 and all(r.levelno == logging.INFO for r in caplog.records if r.getMessage() in summaries)
+
+
+def progress(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "murmur.node" and " samples/s, loss " in r.getMessage()
+            and not r.getMessage().startswith("done")]  # fmt: skip

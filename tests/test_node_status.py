@@ -18,7 +18,7 @@ INTERFACE_KEYS = {
     "exchanges", "recent_exchanges", "mean_exchange_s", "bytes_sent", "known_peers", "peers", "compute_fraction",
     "eval_fraction", "pid", "status_interval", "bytes_in", "bytes_out", "partner_distance", "metrics_url",
     "dashboard_url", "reachability", "reachability_reason", "connections", "relayed_via", "relays", "hole_punched",
-    "relayed_bytes",
+    "relayed_bytes", "joined", "alone_reason", "bootstrap",
 }  # fmt: skip
 
 
@@ -95,3 +95,13 @@ def test_anything_else_is_not_a_status(text: str, message: str) -> None:
 def test_a_status_is_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         EXAMPLE.samples = 0  # type: ignore[misc]
+
+
+def test_a_status_from_before_joined_was_written_reads_as_joined() -> None:
+    doc = json.loads(EXAMPLE.to_json())
+    for key in ("joined", "alone_reason", "bootstrap"):
+        del doc[key]
+    status = NodeStatus.from_json(json.dumps(doc))
+    assert status.joined and status.alone_reason is None
+    alone = dataclasses.replace(EXAMPLE, joined=False, alone_reason="127.0.0.1:1: unreachable: connection refused")
+    assert NodeStatus.from_json(alone.to_json()) == alone

@@ -165,3 +165,73 @@ def test_an_api_peer_and_a_cli_peer_train_together(tmp_path: Path) -> None:
     assert theirs["exchanges"].get("merged", 0) >= 3, theirs.get("exchanges")
     assert theirs["peers"] == [peer.peer_id] and ours["peers"] == [theirs["peer_id"]]
     assert peer.swarm_samples > peer.samples  # the CLI peer's work reached this model
+
+
+def test_a_peer_with_no_one_to_join_says_so_and_can_wait_for_a_first_peer(tmp_path: Path) -> None:
+    _, model, optimizer = digits()
+    absent = "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWGzh6mGrMG5RXEuq6k1qQ2VyS2MZHGuxnWX2WU6fbqT5j"
+    with murmur.Peer(model, optimizer, run_id="t", listen=LOOPBACK, bootstrap=[absent], data_dir=tmp_path / "a") as alone:
+        assert not alone.joined and alone.alone_reason == "127.0.0.1:1: unreachable: connection refused"
+        assert alone.status()["joined"] is False
+        with pytest.raises(murmur.NotJoined, match=r"no peer joined within 0.2 s: 127.0.0.1:1: unreachable: connection refused"):
+            alone.wait_joined(timeout=0.2)
+        _, model2, optimizer2 = digits()
+        with murmur.Peer(model2, optimizer2, run_id="t", listen=LOOPBACK, bootstrap=alone.addrs, data_dir=tmp_path / "b") as second:
+            second.wait_joined(timeout=30)
+            assert second.joined and second.alone_reason is None
+            alone.wait_joined(timeout=30)  # greeted by the second peer
+            assert alone.joined
+
+
+def test_a_refused_model_names_the_tensor_that_differs_and_leaves_no_checkpoint(tmp_path: Path) -> None:
+    _, model, optimizer = digits()
+    with murmur.Peer(model, optimizer, run_id="t", listen=LOOPBACK, data_dir=tmp_path / "a") as first:
+        other = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+        names = [n for n, _ in model.named_parameters()]
+        with pytest.raises(murmur.ModelMismatch, match=r"model fingerprint differs in \S+: shape \S+ here, \S+ there") as refused:
+            murmur.Peer(other, torch.optim.SGD(other.parameters(), lr=0.1), run_id="t", listen=LOOPBACK,
+                        bootstrap=first.addrs, data_dir=tmp_path / "b")
+        assert any(name in str(refused.value) for name in names)
+        assert load_latest(tmp_path / "b" / "checkpoints") is None  # the next run, with the right model, is not blocked
+        _, model2, optimizer2 = digits()
+        with murmur.Peer(model2, optimizer2, run_id="t", listen=LOOPBACK, bootstrap=first.addrs, data_dir=tmp_path / "b") as right:
+            assert right.joined
+
+
+def test_options_take_the_cli_flag_names_and_the_signature_lists_only_accepted_ones() -> None:
+    import inspect
+
+    from murmur.peer import run_config
+
+    params = inspect.signature(murmur.Peer).parameters
+    assert {"relay", "no_state_sync", "no_nat_traversal"} <= set(params)
+    assert not {"relays", "sync_state", "nat_traversal", "duration", "eval_every", "ema_decay", "slowdown"} & set(params)
+    assert params["no_state_sync"].default is False and params["task"].default is None
+    by_flag = run_config({"relay": ["auto"], "no_state_sync": True, "no_nat_traversal": True})
+    by_field = run_config({"relays": ["auto"], "sync_state": False, "nat_traversal": False})  # the older names still work
+    assert by_flag == by_field and (by_flag.relays, by_flag.sync_state, by_flag.nat_traversal) == (["auto"], False, False)
+    with pytest.raises(TypeError, match="both 'relay' and 'relays'"):
+        run_config({"relay": [], "relays": []})
+    with pytest.raises(ValueError, match="slowdown is for `murmur run`'s own training loop"):
+        run_config({"slowdown": 2.0})
+
+
+def test_a_users_model_is_labelled_by_task_or_its_class_not_digits(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    class TinyNet(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 2)
+
+    model = TinyNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    absent = "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWGzh6mGrMG5RXEuq6k1qQ2VyS2MZHGuxnWX2WU6fbqT5j"
+    with murmur.Peer(model, optimizer, task="my-model", listen=LOOPBACK, bootstrap=[absent], data_dir=tmp_path / "a") as peer:
+        assert peer.status()["task"] == "my-model"
+    with murmur.Peer(model, optimizer, listen=LOOPBACK, data_dir=tmp_path / "b") as peer:
+        assert peer.status()["task"] == "TinyNet"
+    _, digits_model, digits_optimizer = digits()
+    with murmur.Peer(digits_model, digits_optimizer, listen=LOOPBACK, data_dir=tmp_path / "c") as peer:
+        assert peer.status()["task"] == "digits"  # the built-in model still joins a default `murmur run` swarm
+    out, err = capsys.readouterr()
+    # A library prints nothing to stdout, and py-libp2p's dial errors stay at DEBUG.
+    assert out == "" and "Failed to open TCP stream" not in err

@@ -137,7 +137,7 @@ def _start(data_dir: Path, *args: str) -> ForkedPeer:
     """`murmur run` forked from a server that imported everything once: ready in a second, not several."""
     data_dir.mkdir(parents=True)
     argv = ["run", "--data-dir", str(data_dir), "--addr-file", str(data_dir / "addrs.txt"),
-            "--step-time", "20", "--average-every", "0.2", *args]
+            "--step-time", "20", "--average-every", "0.2", "--log-level", "DEBUG", *args]  # exchanges log at DEBUG
     return ForkedPeer(argv, data_dir / "log.txt")
 
 

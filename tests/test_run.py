@@ -61,3 +61,15 @@ def test_a_module_attribute_that_is_not_a_task_is_one_line(tmp_path: Path) -> No
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     assert done.stderr.splitlines()[-1].startswith("murmur run: error: 'os:getcwd' is not a task factory: os.getcwd() returned a str")
+
+
+def test_a_duration_run_whose_bootstrap_never_answers_exits_3_with_the_reason(tmp_path: Path) -> None:
+    absent = "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWGzh6mGrMG5RXEuq6k1qQ2VyS2MZHGuxnWX2WU6fbqT5j"
+    done = subprocess.run(
+        [sys.executable, "-m", "murmur.node.cli", "run", "--data-dir", str(tmp_path / "data"), "--listen", "/ip4/127.0.0.1/tcp/0",
+         "--bootstrap", absent, "--duration", "2", "--threads", "1"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    assert "WARNING murmur.membership: bootstrap 127.0.0.1:1: unreachable: connection refused\n" in done.stderr
+    assert done.stderr.endswith("murmur run: never merged with a peer: 127.0.0.1:1: unreachable: connection refused\n")

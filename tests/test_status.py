@@ -172,3 +172,12 @@ def test_the_summary_at_80_columns_keeps_addresses_whole_and_lines_unpadded() ->
         assert f"  {addr}" in lines
     assert "…" not in "\n".join(line for line in lines if "/ip4/" in line)
     assert [line for line in lines if line != line.rstrip()] == []
+
+
+def test_status_shows_an_alone_node_and_why(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    status = example_status(t=time.time(), pid=os.getpid(), known_peers=0, peers=(), joined=False,
+                            alone_reason="127.0.0.1:1: unreachable: connection refused")
+    (tmp_path / STATUS_FILE).write_text(status.to_json())
+    assert main(["--data-dir", str(tmp_path)]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "known peers 0 · alone: 127.0.0.1:1: unreachable: connection refused" in shown

@@ -319,6 +319,7 @@ class Averager:
         self.outcomes[outcome.result] += 1
         self.recent.append(outcome)
         self.bytes_sent += outcome.bytes_sent
-        level = logging.INFO if outcome.result in (Result.MERGED, Result.REFUSED, Result.REJECTED) else logging.DEBUG
+        # Merges are routine (several a second): the node's periodic progress line counts them.
+        level = logging.INFO if outcome.result in (Result.REFUSED, Result.REJECTED) else logging.DEBUG
         log.log(level, "exchange with %s: %s (%s) in %.3fs", outcome.partner[-8:], outcome.result, outcome.reason, outcome.duration_s)
         return outcome

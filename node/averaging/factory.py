@@ -39,7 +39,7 @@ def build_averager(
     averager = Averager(
         transport, replica,
         table if table is not None else PeerTable(transport.peer_id, liveness_timeout=10.0),
-        TaskIdentity(run_id or replica.name, replica.fingerprint),
+        TaskIdentity(run_id or replica.name, replica.fingerprint, replica.spec),
         screening=screening if screening is not None else ClippedGossip(),
         claims=claims if claims is not None else WorkClaimLimiter(),
         bans=bans if bans is not None else BanList(),

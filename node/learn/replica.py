@@ -118,6 +118,7 @@ class Replica:
         self.work = 0.0  # work in the current model (shared through merges)
         self.fresh = 0.0  # samples trained since the model last merged: the merge rule's staleness measure
         self.last_loss = math.nan
+        self.version = 0  # counts the changes to the model from outside its steps: merges, adoptions, restores
 
     @property
     def fingerprint(self) -> str:
@@ -184,6 +185,7 @@ class Replica:
                         flat[elements].add_(change.to(flat.device, flat.dtype))
             self.work += work_after - snapshot.work
             self.fresh -= snapshot.fresh
+            self.version += 1
 
     def adopt(self, state: Mapping[str, torch.Tensor], work: float) -> None:
         """Replace the exchanged tensors with `state` (state sync; any device, float dtype) carrying `work`.
@@ -203,6 +205,7 @@ class Replica:
             self.fresh = 0.0
             self.rule.reset(self.exchanged)
             self.average.reset(self.model)  # the swarm's model replaced this one's past
+            self.version += 1
 
     def checkpoint_state(self) -> dict:
         """Everything needed to resume: model, optimizer, work and counters, as CPU tensors.
@@ -236,9 +239,18 @@ class Replica:
         """
         self._access.call(self._restore, state)
 
+    def _difference(self, state: dict) -> str:
+        """Where a checkpoint's model differs from this one: the first tensor name or shape, in words."""
+        saved = state.get("model")
+        if not isinstance(saved, Mapping):
+            return "differs"
+        theirs = [[n, list(t.shape)] for n, t in saved.items() if torch.is_tensor(t) and t.is_floating_point()]
+        ours = TensorSpec.of(self.model.state_dict())
+        return ours.difference(theirs, complete=True, here="in this model", there="in the checkpoint")
+
     def _restore(self, state: dict) -> None:
         if state.get("fingerprint") != self.fingerprint:
-            raise ValueError("checkpoint belongs to another task or model (fingerprint differs)")
+            raise ValueError(f"checkpoint belongs to another task or model (fingerprint {self._difference(state)})")
         work = float(state["work"] if "work" in state else state["weight"])
         rule = state.get("merge_rule")
         with self._lock:
@@ -254,3 +266,4 @@ class Replica:
             self.average.load_averaged(state.get("weight_average", {}), self.model)
             self.work = work
             self.samples = int(state["samples"])
+            self.version += 1

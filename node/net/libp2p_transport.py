@@ -25,6 +25,7 @@ from libp2p.utils.address_validation import expand_wildcard_address
 
 from murmur.node.net.autonat import UNKNOWN, AutoNatClient, AutoNatServer
 from murmur.node.net.autorelay import RelayFinder
+from murmur.node.net.dial_failure import dial_failure
 from murmur.node.net.holepunch import HolePuncher, connection_kinds
 from murmur.node.net.host import build_host
 from murmur.node.net.relay import CircuitRelay, RelayError, is_circuit
@@ -222,12 +223,15 @@ class Libp2pTransport(Transport):
         try:
             pid = ID.from_base58(peer_id)
             if pid not in self.host.get_connected_peers():
+                # Murmur paces redials itself (`PeerTable`'s backoff): py-libp2p's 60 s negative cache
+                # would otherwise turn a bootstrap's retry into an instant "recently failed" error.
+                self.host.get_network().unblock_peer(pid)
                 await self._connect(pid, addrs)
             return _Libp2pStream(await self.host.new_stream(pid, [protocol]))
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:
-            raise TransportError(f"cannot open {protocol} to {peer_id[-8:]}: {exc!r}") from exc
+            raise TransportError(f"cannot open {protocol} to {peer_id[-8:]}: {dial_failure(exc)}") from exc
 
     async def _connect(self, pid: ID, addrs: Sequence[str]) -> None:
         """Dial directly first, then through each relay of a `/p2p-circuit` address; raise if all fail."""

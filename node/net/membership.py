@@ -12,11 +12,13 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import anyio
 
 from murmur.node.net.conversation import Conversation
+from murmur.node.net.dial_failure import dial_failure, short
 from murmur.node.net.peers import PeerTable
 from murmur.node.net.security import BanList
 from murmur.node.net.transport import ByteStream, Transport, TransportError
@@ -24,16 +26,23 @@ from murmur.protocol.errors import OFFENCES, ProtocolError
 from murmur.protocol.exchange import PEER_EXCHANGE, Exchange, Role
 from murmur.protocol.messages import Hello, PeerSummary, Refuse
 
+if TYPE_CHECKING:
+    from murmur.protocol.codec import TensorSpec  # torch: only its methods run here, on a spec the node built
+
 PEERS_PROTOCOL = "/murmur/peers/1.0.0"
 log = logging.getLogger("murmur.membership")
 
 
 @dataclass(frozen=True)
 class TaskIdentity:
-    """What two peers must share to merge models: the run and the model's fingerprint."""
+    """What two peers must share to merge models: the run and the model's fingerprint.
+
+    `spec`, the model's tensor names and shapes, lets a refusal name what differs.
+    """
 
     run_id: str
     fingerprint: str
+    spec: TensorSpec | None = field(default=None, compare=False)
 
     def mismatch(self, run_id: str, fingerprint: str) -> str | None:
         """Why a peer with this run and fingerprint cannot pair with us, or None."""
@@ -53,6 +62,15 @@ def parse_bootstrap(addr: str) -> tuple[str, list[str]]:
     if not peer_id or "/" in peer_id:
         raise ValueError(f"bootstrap address {addr!r} has no peer id after /p2p/")
     return peer_id, [addr]
+
+
+def short_address(addr: str) -> str:
+    """`/ip4/1.2.3.4/tcp/4001/p2p/<id>` as `1.2.3.4:4001`, for log lines; other addresses without their `/p2p/` part."""
+    parts = addr.split("/p2p/", 1)[0].split("/")
+    if len(parts) == 5 and parts[1] in ("ip4", "ip6", "dns", "dns4", "dns6") and parts[3] in ("tcp", "udp"):
+        host = f"[{parts[2]}]" if parts[1] == "ip6" else parts[2]
+        return f"{host}:{parts[4]}"
+    return addr.split("/p2p/", 1)[0] or addr
 
 
 class Membership:
@@ -119,6 +137,11 @@ class Membership:
         self.table.rumour(hello.peers)
         return None
 
+    def _layout_for(self, hello: Hello) -> list | None:
+        """Our model's layout for a refusal, when the fingerprint (not the run) is what differs."""
+        same_run = hello.run_id == self.identity.run_id
+        return self.identity.spec.described() if same_run and self.identity.spec is not None else None
+
     async def serve(self, stream: ByteStream) -> None:
         """Answer one inbound hello (the `/murmur/peers` stream handler)."""
         conv = Conversation(stream, Exchange(Role.RESPONDER, PEER_EXCHANGE))
@@ -129,7 +152,7 @@ class Membership:
                 refusal = self._admit(stream.remote_peer, hello)
                 if refusal:
                     log.warning("refused peer %s: %s", stream.remote_peer[-8:], refusal)
-                    await conv.send(Refuse(refusal))
+                    await conv.send(Refuse(refusal, layout=self._layout_for(hello)))
                 else:
                     await conv.send(self._hello())
                 await stream.close()
@@ -140,8 +163,11 @@ class Membership:
                 self.bans.strike(stream.remote_peer, f"{type(exc).__name__}: {exc}")
         await stream.reset()
 
-    async def greet(self, peer_id: str, addrs: Sequence[str]) -> str:
-        """Greet one peer and apply its answer; return the outcome in words."""
+    async def greet(self, peer_id: str, addrs: Sequence[str], *, quiet: bool = False) -> str:
+        """Greet one peer and apply its answer; return the outcome in words.
+
+        A refusal is logged at WARNING unless `quiet` (the caller logs the outcome itself).
+        """
         try:
             with anyio.fail_after(self.hello_timeout):
                 stream = await self.transport.open_stream(peer_id, addrs, PEERS_PROTOCOL)
@@ -151,23 +177,49 @@ class Membership:
                     answer = await conv.receive(Hello, Refuse)
                 finally:
                     await stream.close()
-        except (TimeoutError, ProtocolError, TransportError) as exc:
+        except TimeoutError:
             self.table.dial_failed(peer_id, self.clock())
-            return f"unreachable: {type(exc).__name__}: {exc}"
+            return f"unreachable: no answer within {self.hello_timeout:g} s"
+        except ProtocolError as exc:
+            self.table.dial_failed(peer_id, self.clock())
+            return f"bad answer: {short(str(exc))}"
+        except TransportError as exc:
+            self.table.dial_failed(peer_id, self.clock())
+            return dial_failure(exc)
         if isinstance(answer, Refuse):
-            log.warning("peer %s refused us: %s", peer_id[-8:], answer.reason)
+            reason = answer.reason
+            if answer.layout is not None and self.identity.spec is not None:
+                reason = f"task mismatch: model fingerprint {self.identity.spec.difference(answer.layout)}"
+            log.log(logging.DEBUG if quiet else logging.WARNING, "peer %s refused us: %s", peer_id[-8:], reason)
             self.table.forget(peer_id)
             self.table.dial_failed(peer_id, self.clock(), base_delay=30.0)
             await self.transport.hang_up(peer_id)
-            return f"refused: {answer.reason}"
+            return f"refused: {reason}"
         assert isinstance(answer, Hello)
         refusal = self._admit(peer_id, answer)
         if refusal:
-            log.warning("refused peer %s: %s", peer_id[-8:], refusal)
+            log.log(logging.DEBUG if quiet else logging.WARNING, "refused peer %s: %s", peer_id[-8:], refusal)
             self.table.dial_failed(peer_id, self.clock(), base_delay=30.0)
             await self.transport.hang_up(peer_id)
             return f"refused: {refusal}"
         return "ok"
+
+    async def greet_bootstrap(self, addr: str) -> str:
+        """Greet one bootstrap peer, record the outcome in `join_results` and log it when it changed.
+
+        A failure is logged at WARNING once per distinct reason (retries repeat it every backoff
+        period); a first success at INFO. Returns the outcome in words, as `greet` does.
+        """
+        peer_id, addrs = parse_bootstrap(addr)
+        result = await self.greet(peer_id, addrs, quiet=True)
+        previous = self.join_results.get(addr)
+        self.join_results[addr] = result
+        if result != previous:
+            if result == "ok":
+                log.info("bootstrap %s: joined", short_address(addr))
+            else:
+                log.warning("bootstrap %s: %s", short_address(addr), result)
+        return result
 
     async def join(self, bootstrap: Sequence[str]) -> int:
         """Greet every bootstrap peer concurrently; return how many answered (`join_results`: each one's outcome)."""
@@ -175,31 +227,49 @@ class Membership:
 
         async def one(addr: str) -> None:
             nonlocal answered
-            peer_id, addrs = parse_bootstrap(addr)
-            result = self.join_results[addr] = await self.greet(peer_id, addrs)
-            if result == "ok":
+            if await self.greet_bootstrap(addr) == "ok":
                 answered += 1
-            else:
-                log.warning("bootstrap %s: %s", addr, result)
 
         async with anyio.create_task_group() as tg:
             for addr in bootstrap:
                 tg.start_soon(one, addr)
         return answered
 
+    def alone_reason(self, bootstrap: Sequence[str]) -> str | None:
+        """Why this node knows no peer now, in one line, or None when it knows one.
+
+        Without bootstrap peers a node is the swarm's first and waits for others to join it.
+        """
+        if self.table.members:
+            return None
+        if not bootstrap:
+            return "no bootstrap peers given: waiting for peers to join this one"
+        failed = [a for a in bootstrap if self.join_results.get(a, "ok") != "ok"]
+        reasons = [f"{short_address(a)}: {self.join_results[a]}" for a in failed]
+        return "; ".join(reasons) if reasons else "every bootstrap peer has left"
+
     async def run(self, bootstrap: Sequence[str], interval: float, fanout: int = 3) -> None:
-        """Gossip forever: each round expire the dead and greet up to `fanout` peers."""
+        """Gossip forever: each round expire the dead and greet up to `fanout` peers.
+
+        While it knows no member, each round also retries every bootstrap peer whose backoff
+        has passed (doubling from 1 s up to 60 s per peer, `PeerTable.dial_failed`); once it
+        knows a member it stops: peer exchange finds the rest.
+        """
         while True:
             await anyio.sleep(interval * self.rng.uniform(0.8, 1.2))
             for peer_id in self.table.expire(self.clock()):
                 log.info("peer %s timed out (%d known)", peer_id[-8:], len(self.table.members))
             targets = self.table.to_contact(self.clock(), fanout)
-            if not self.table.members and not targets:
-                # Alone: retry the bootstrap peers (their backoff keeps this gentle).
-                targets = [parse_bootstrap(a) for a in bootstrap if self.table.may_dial(parse_bootstrap(a)[0], self.clock())]
+            retry = []
+            if not self.table.members:
+                busy = {peer_id for peer_id, _ in targets}
+                due = [a for a in bootstrap if self.table.may_dial(parse_bootstrap(a)[0], self.clock())]
+                retry = [a for a in due if parse_bootstrap(a)[0] not in busy]
             async with anyio.create_task_group() as tg:
                 for peer_id, addrs in targets:
                     tg.start_soon(self.greet, peer_id, addrs)
+                for addr in retry:
+                    tg.start_soon(self.greet_bootstrap, addr)
 
     async def announce_leaving(self) -> None:
         """Tell every member we are leaving (best effort, bounded by the hello timeout)."""

@@ -243,6 +243,7 @@ class NodeConfig:
     shard: int | None = option(None, "data shard / seed (default: derived from the peer id)")
     sync_state: bool = option(True, "do not pull the swarm's model before the first step", flag="no-state-sync")
     checkpoint_every: float = option(30.0, "checkpoint this often (and on exit)", metavar="SECONDS")
+    progress_every: float = option(30.0, "log a one-line progress summary this often, at INFO (0: never)", metavar="SECONDS")
     allow_peers: Path | None = option(None, "only these peer IDs (one per line) may connect", metavar="FILE")
     swarm_secret_file: Path | None = option(None, "shared secret that Murmur streams must prove", metavar="FILE")
     max_connections: int = option(300, "connection limit (inbound + outbound)")

@@ -158,6 +158,7 @@ def swarm_view(
     edges = sorted({tuple(sorted((p["peer_id"], partner))) for p in peers for partner in p["partners"]})
     return _finite({
         "self": me, "t": t, "metric": metric, "peers": peers, "history": history.series(),
+        "joined": status.joined, "alone_reason": status.alone_reason,
         "exchanges": [asdict(o) for o in recent][-20:], "edges": [list(e) for e in edges],
         "traffic": {"in": dict(traffic.get("in", {})), "out": dict(traffic.get("out", {}))},
     })  # fmt: skip

@@ -49,6 +49,7 @@ from murmur.node.ops.dashboard import (
     swarm_view,
 )
 from murmur.node.ops.data_dir import DataDirLock
+from murmur.node.ops.logs import exit_summary, progress_line
 from murmur.node.ops.metrics import CountingTransport, NodeMetrics, Traffic
 from murmur.node.ops.node_status import NetworkStatus, NodeStatus
 from murmur.node.ops.status import STATUS_FILE
@@ -127,6 +128,13 @@ class Node:
         self.phase = "joining"  # then "waiting" (ready, not yet told to start) and "training"
         self.on_phase: Callable[[str], None] = lambda phase: None  # called on the event loop at each change
         self.sync_outcome: Outcome | None = None  # state sync's, once tried
+        self.duration_ended = False  # whether `run` ended because `config.duration` passed
+        # False: `run` writes no final checkpoint (`murmur.Peer` after the swarm refused its model,
+        # so that model's checkpoint cannot block the next run with the right one).
+        self.checkpoint_on_exit = True
+        # Where the lines a user reads at start-up go (addresses, dashboard URL): stdout for
+        # `murmur run`; `murmur.Peer`, a library, logs them instead.
+        self.say: Callable[[str], None] = _print_now
         self.last_eval: dict[str, float] = {}
         self.metrics = NodeMetrics(self.peer_id, self.replica.name)
         self.metrics_url: str | None = None
@@ -142,6 +150,22 @@ class Node:
     @property
     def stopping(self) -> bool:
         return self._serve_scope.cancel_called
+
+    @property
+    def merged_with_anyone(self) -> bool:
+        """Whether this node ever took in a peer's model: an exchange merged, or state sync adopted one."""
+        synced = self.sync_outcome is not None and self.sync_outcome.result == Result.SYNCED
+        return synced or self.averager.outcomes[Result.MERGED] > 0
+
+    def never_joined(self) -> str | None:
+        """Why a node given bootstrap peers never merged with anyone, in one line; None if it did or had none to join.
+
+        A node without bootstrap peers is a swarm's first: alone by design, never a failure.
+        """
+        if not self.config.bootstrap or self.merged_with_anyone:
+            return None
+        alone = self.membership.alone_reason(self.config.bootstrap)
+        return alone or f"knew {len(self.table.members)} peers, but no exchange merged"
 
     def request_stop(self) -> None:
         """Stop gracefully: end the exchange in flight, checkpoint, say goodbye, return from `run`."""
@@ -162,9 +186,9 @@ class Node:
             listening = self._listen_addresses()
             announced = [a for a in addrs if a not in listening]
             for addr in listening:
-                print(f"murmur: listening on {addr}", flush=True)
+                self.say(f"murmur: listening on {addr}")
             for addr in announced:
-                print(f"murmur: announcing {addr}", flush=True)
+                self.say(f"murmur: announcing {addr}")
             if cfg.addr_file:
                 _write_atomic(cfg.addr_file, "".join(a + "\n" for a in listening + announced))
             task_status.started(addrs)
@@ -173,6 +197,7 @@ class Node:
                     async with anyio.create_task_group() as tg:
                         # From the start: a node joining or syncing is alive too (`murmur status --health`).
                         tg.start_soon(self._report_status)
+                        tg.start_soon(self._log_progress)
                         await self._serve(cfg)
                         tg.cancel_scope.cancel()
                 with anyio.CancelScope(shield=True), anyio.move_on_after(self.averager.timeout_s):
@@ -180,9 +205,10 @@ class Node:
             finally:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(3):
                     await self.membership.announce_leaving()
-                with anyio.CancelScope(shield=True):
-                    await self.save_checkpoint()
-                self.write_status()
+                if self.checkpoint_on_exit:
+                    with anyio.CancelScope(shield=True):
+                        await self.save_checkpoint()
+                log.info("%s", exit_summary(self.write_status()))
 
     async def _parting_merge(self) -> None:
         """One last exchange, if this peer trained since its last merge: a peer that leaves takes none of its work with it."""
@@ -193,7 +219,10 @@ class Node:
     async def _serve(self, cfg: NodeConfig) -> None:
         if cfg.bootstrap:
             joined = await self.membership.join(cfg.bootstrap)
-            log.info("joined through %d of %d bootstrap peers", joined, len(cfg.bootstrap))
+            if joined:
+                log.info("joined through %d of %d bootstrap peers", joined, len(cfg.bootstrap))
+            else:
+                log.warning("alone: no bootstrap peer answered; retrying with backoff")
             if cfg.sync_state:
                 ratio = CATCH_UP_RATIO if self.resumed_from else 0.0
                 outcome = self.sync_outcome = await self.averager.state_sync.sync_from_swarm(behind_ratio=ratio)
@@ -207,12 +236,13 @@ class Node:
                 self._set_phase("waiting")
                 await self.start_gate()
             self._set_phase("training")
-            with anyio.move_on_after(cfg.duration if cfg.duration is not None else float("inf")):
+            with anyio.move_on_after(cfg.duration if cfg.duration is not None else float("inf")) as deadline:
                 if self.loop is None:  # the user's thread steps the model and counts the work
                     self.stats.started = time.monotonic()
                     await anyio.sleep_forever()
                 else:
                     await train(self.loop, self.pacing, self.stats, eval_every=cfg.eval_every, on_eval=self._on_eval)
+            self.duration_ended = deadline.cancelled_caught
             tg.cancel_scope.cancel()
 
     def _set_phase(self, phase: str) -> None:
@@ -238,7 +268,8 @@ class Node:
             self.replica.restore(state)
         except (ValueError, KeyError, RuntimeError) as exc:
             if self.loop is None:  # the user's model: keep their checkpoint rather than overwrite it
-                raise ModelMismatch(f"the checkpoint {path} is not this model's: {exc}") from exc
+                raise ModelMismatch(f"the checkpoint {path} is not this model's: {exc}; "
+                                    "move it aside or use another data_dir") from exc
             log.warning("not resuming from %s: %s", path, exc)
             return None
         log.info("resumed from %s (work %.0f, %d samples)", path.name, self.replica.work, self.replica.samples)
@@ -252,6 +283,18 @@ class Node:
         while True:
             await anyio.sleep(self.config.checkpoint_every)
             await self.save_checkpoint()
+
+    async def _log_progress(self) -> None:
+        """Log `progress_line` every `progress_every` seconds of training (never if 0)."""
+        if not self.config.progress_every:
+            return
+        before = None
+        while True:
+            await anyio.sleep(self.config.progress_every)
+            if self.phase == "training":
+                now = self.status()
+                log.info("%s", progress_line(now, before))
+                before = now
 
     async def _report_status(self) -> None:
         while True:
@@ -283,12 +326,12 @@ class Node:
             return
         warning = nonlocal_bind_warning(self.config.metrics_host)
         if warning:
-            print(warning, flush=True)
+            self.say(warning)
         async with serve_dashboard(self.dashboard, self.config.metrics_host, self.config.metrics_port) as url:
             self.metrics_url = url + "metrics"
             self.dashboard_url = url
-            print(f"murmur: metrics at {self.metrics_url}", flush=True)
-            print(f"murmur: dashboard at {url}", flush=True)
+            self.say(f"murmur: metrics at {self.metrics_url}")
+            self.say(f"murmur: dashboard at {url}")
             yield
 
     def status(self) -> NodeStatus:
@@ -310,6 +353,8 @@ class Node:
             bytes_in=sum(self.traffic.received.values()), bytes_out=sum(self.traffic.sent.values()),
             partner_distance=self.averager.last_partner_distance, metrics_url=self.metrics_url,
             dashboard_url=self.dashboard_url, network=NetworkStatus(**self._network_info()),
+            joined=bool(self.table.members), alone_reason=self.membership.alone_reason(self.config.bootstrap),
+            bootstrap=dict(self.membership.join_results),
         )  # fmt: skip
 
     def summary(self) -> PeerSummary:
@@ -330,6 +375,10 @@ class Node:
         status = self.status()
         _write_atomic(self.config.data_dir / STATUS_FILE, status.to_json())
         return status
+
+
+def _print_now(line: str) -> None:
+    print(line, flush=True)
 
 
 def _finite_or_none(value: float | None) -> float | None:

@@ -77,6 +77,11 @@ class NodeStatus:
     metrics_url: str | None
     dashboard_url: str | None
     network: NetworkStatus = field(default_factory=NetworkStatus)
+    # Whether the node knows a live peer of its run now; when it does not, `alone_reason` says why
+    # (each bootstrap peer's last outcome, or that a node without bootstrap peers waits to be joined).
+    joined: bool = True
+    alone_reason: str | None = None
+    bootstrap: Mapping[str, str] = field(default_factory=dict)  # bootstrap address -> its last greeting's outcome
 
     def to_dict(self) -> dict[str, Any]:
         """The status.json document as a dict (`to_json`'s content); floats may be NaN."""
@@ -152,5 +157,7 @@ def _convert(kind: Any, value: Any, name: str) -> Any:
     if kind is float and isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     if kind in (int, str) and isinstance(value, kind) and not isinstance(value, bool):
+        return value
+    if kind is bool and isinstance(value, bool):
         return value
     raise NotAStatus(f"not a Murmur status file: {name!r} is {value!r}, not {getattr(kind, '__name__', kind)}")

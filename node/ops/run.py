@@ -43,9 +43,13 @@ def build_run_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _run_until_signal(config, key_pair, pacing, around: Around | None, received: list[int], lock) -> None:
-    """Run a node (inside `around(node)`, if given); the first SIGINT/SIGTERM stops it gracefully, a second one at once.
-    Each stop signal is appended to `received`; the node owns the data dir's `lock` from here on."""
+# `murmur run --duration` given bootstrap peers that never merged with any peer: it trained alone.
+EXIT_NEVER_JOINED = 3
+
+
+async def _run_until_signal(config, key_pair, pacing, around: Around | None, received: list[int], lock) -> Node:
+    """Run a node (inside `around(node)`, if given) and return it; the first SIGINT/SIGTERM stops it gracefully, a
+    second one at once. Each stop signal is appended to `received`; the node owns the data dir's `lock` from here on."""
     from murmur.node.ops.node import build_node
 
     node = build_node(config, key_pair, pacing=pacing, data_dir_lock=lock)
@@ -63,6 +67,7 @@ async def _run_until_signal(config, key_pair, pacing, around: Around | None, rec
         tg.start_soon(stop_on_signal)
         await node.run()
         tg.cancel_scope.cancel()
+    return node
 
 
 def release_big_buffers_promptly() -> None:
@@ -100,6 +105,7 @@ def cmd_run(args: argparse.Namespace, around: Around | None = None) -> int:
         return 1
     received: list[int] = []
     error: BaseException | None = None
+    node = None
     with lock:  # the node releases it when it stops; here too, should it never get that far
         release_big_buffers_promptly()
         key_pair = load_or_create_identity(config.data_dir)
@@ -108,13 +114,15 @@ def cmd_run(args: argparse.Namespace, around: Around | None = None) -> int:
         # Modules and start-up objects live as long as the process: keep full collections from rescanning them.
         gc.freeze()
         try:
-            anyio.run(_run_until_signal, config, key_pair, Pacing(emulation.slowdown), around, received, lock, backend="trio")
+            node = anyio.run(_run_until_signal, config, key_pair, Pacing(emulation.slowdown), around, received, lock, backend="trio")
         except* _start_errors() as group:  # a taken port, an unknown task: one line, not a traceback
             error = _first_leaf(group)
     if error is not None:
         print(f"murmur run: error: {_with_fix(error)}", file=sys.stderr)
         return 2 if _is_setting_error(error) else 1
-    return INTERRUPTED if signal.SIGINT in received else 0
+    if signal.SIGINT in received:
+        return INTERRUPTED
+    return never_joined_exit(node)
 
 
 def _start_errors() -> tuple[type[Exception], ...]:
@@ -155,12 +163,24 @@ def _with_fix(error: BaseException) -> str:
     return str(error)
 
 
+def never_joined_exit(node: Node | None) -> int:
+    """`EXIT_NEVER_JOINED` (with one line on stderr) if a run that ended by its `--duration` had
+    bootstrap peers but never merged with a peer; else 0. A run stopped by a signal was stopped
+    on purpose, and a node without bootstrap peers is a swarm's first: neither gets 3."""
+    reason = node.never_joined() if node is not None and node.duration_ended else None
+    if reason is None:
+        return 0
+    print(f"murmur run: never merged with a peer: {reason}", file=sys.stderr)
+    return EXIT_NEVER_JOINED
+
+
 def main(argv: list[str], around: Around | None = None) -> int:
     """`murmur run ARGV`: run a peer until its `--duration` ends or a stop signal; return the exit status.
 
     A bad setting exits 2 with one line naming it (as argparse does); an unusable device or an
     unloadable task returns 2; a data dir that another node holds or that cannot be written, and
-    a listen or metrics port that cannot be opened, return 1; each with one line on stderr.
+    a listen or metrics port that cannot be opened, return 1; each with one line on stderr. A
+    `--duration` run given bootstrap peers that never merged with one returns 3 (`EXIT_NEVER_JOINED`).
     A run stopped by SIGINT (Ctrl-C) returns 130 once it stopped gracefully, as shells expect. `around(node)`, if
     given, is entered once the node is built, before it runs, and exited after it stopped;
     its errors propagate.

@@ -125,7 +125,7 @@ def render(status: NodeStatus, now: float, console: Console) -> None:
         ("samples/s", f"{_num(status.samples_per_s, '.0f')} ({status.samples} samples)"),
         ("loss", f"{_num(status.loss)}" + (f" · held-out {escape(evaluation)}" if evaluation else "")),
         ("work weight", _num(status.work, ".0f")),
-        ("known peers", str(status.known_peers)),
+        ("known peers", str(status.known_peers) if status.joined else f"0 · alone: {escape(status.alone_reason or '')}"),
         ("reachability", (f"{escape(network.reachability)} · connections: {kinds.count('direct')} direct, "
                           f"{kinds.count('relayed')} relayed")),
         ("exchanges", ", ".join(f"{k} {v}" for k, v in sorted(status.exchanges.items())) or "none yet"),

@@ -202,7 +202,10 @@ async function poll() {
     const data = await response.json();
     if (data.peers) {
       render(data);
-      state.textContent = `updated ${new Date().toLocaleTimeString()}`;
+      const updated = `updated ${new Date().toLocaleTimeString()}`;
+      // A node that knows no peer says so, with why: it trains alone until one answers.
+      state.textContent = data.joined === false ? `alone: ${data.alone_reason || "no peers yet"} · ${updated}` : updated;
+      state.className = data.joined === false ? "alone" : "";
     } else {
       state.textContent = "waiting for the node's first report…";
     }
