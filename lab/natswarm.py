@@ -73,7 +73,8 @@ class NatSwarm:
         self.net.close()
 
     def _start(self, name: str, *args: str) -> None:
-        extra = ["--duration", str(self.duration), *self.extra, *args]
+        # `exchanges()` reads each exchange's line, which a node logs at DEBUG.
+        extra = ["--duration", str(self.duration), "--log-level", "DEBUG", *self.extra, *args]
         self.peers[name] = start_peer(
             len(self.peers), self.root, 1.0, extra, None, data_dir=self.root / name, listen=f"/ip4/0.0.0.0/tcp/{PORT}",
             netns=self.hosts[name],
