@@ -178,7 +178,10 @@ class Peer:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, **options: Any) -> None:
         label = options.pop("task", None)  # None: "digits" for the built-in digits model, else the model's class name
-        config = run_config(options if label is None else {**options, "task": label})
+        name = _task_name(label) if label is not None else _default_label(model)
+        config = run_config(options)  # a label is checked as one (`_task_name`), not as `murmur run`'s task
+        if label is not None:
+            config = dataclasses.replace(config, task=label)
         device = model_device(model)
         if config.device != "auto" and resolve_device(config.device) != device:  # raises DeviceError first if absent
             raise DeviceError(f"device={config.device!r} but the model is on {device}")
@@ -188,7 +191,6 @@ class Peer:
         route_library_logs()
         self.config = config
         self._gate = StepGate()
-        name = _task_name(label) if label is not None else _default_label(model)
         self._make_replica = lambda rule: Replica(name, model, optimizer, rule=rule, access=self._gate)
         self._key_pair = load_or_create_identity(config.data_dir)
         self._node: Node | None = None
