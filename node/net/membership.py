@@ -13,7 +13,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import anyio
 
@@ -26,8 +26,15 @@ from murmur.protocol.errors import OFFENCES, ProtocolError
 from murmur.protocol.exchange import PEER_EXCHANGE, Exchange, Role
 from murmur.protocol.messages import Hello, PeerSummary, Refuse
 
-if TYPE_CHECKING:
-    from murmur.protocol.codec import TensorSpec  # torch: only its methods run here, on a spec the node built
+
+class ModelLayout(Protocol):
+    """What a refusal needs of a model's tensor names and shapes (`murmur.protocol.codec.TensorSpec`,
+    which this layer does not import: it needs torch)."""
+
+    def described(self) -> list[list]: ...
+
+    def difference(self, theirs: Sequence[Sequence[Any]]) -> str: ...
+
 
 PEERS_PROTOCOL = "/murmur/peers/1.0.0"
 log = logging.getLogger("murmur.membership")
@@ -42,7 +49,7 @@ class TaskIdentity:
 
     run_id: str
     fingerprint: str
-    spec: TensorSpec | None = field(default=None, compare=False)
+    spec: ModelLayout | None = field(default=None, compare=False)
 
     def mismatch(self, run_id: str, fingerprint: str) -> str | None:
         """Why a peer with this run and fingerprint cannot pair with us, or None."""
