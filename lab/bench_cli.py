@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                              "0: the live models)")
     parser.add_argument("--max-s", type=float, default=None, metavar="SECONDS",
                         help="stop every run after this long (default: the configuration's per task)")
+    parser.add_argument("--target", type=float, default=None, metavar="VALUE",
+                        help="the metric's target for every task (default: the configuration's, else the task's)")
     parser.add_argument("--scenario", default=None, metavar="NAME[,NAME...]",
                         help=f"the real arena: speeds that change and peers that come and go, from {list(SCENARIOS)} "
                              "(lab.traces). Runs ARENA (charlm, headline mix, 3 seeds; --tasks/--mixes/--seeds/--methods change it)")
@@ -128,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         config["mixes"] = {t: ["trace"] for t in config["tasks"]}
     if args.max_s:
         config["max_s"] = dict.fromkeys(config["tasks"], args.max_s)
+    if args.target is not None:
+        config["target"] = dict.fromkeys(config["tasks"], args.target)
     if args.methods:
         try:
             config["runs"] = [parse_method(m) for m in args.methods.split(",")]

@@ -50,6 +50,7 @@ MURMUR_ARGS = {
     "murmur-share-1": ["--exchange-share", "1"],
     "murmur-int8-share-1": ["--exchange-share", "1", "--wire-dtype", "int8"],
     "murmur-fp16": ["--wire-dtype", "float16"],
+    "murmur-solo": ["--average-every", "1000000"],  # every peer trains alone: what merging buys
 }
 
 

@@ -257,6 +257,8 @@ def test_the_arena_options_pick_their_configuration_and_refuse_bad_input(
     assert seen[-1]["local_steps"] == [8, 32] and seen[-1]["link_mbit"] == LONG_HORIZON["link_mbit"]
     assert bench_cli.main(["--long-horizon", "--seed", "1,2", "--out", str(tmp_path)]) == 0
     assert seen[-1]["seeds"] == [1, 2]
+    assert bench_cli.main(["--tasks", "charlm-large", "--target", "2.8", "--out", str(tmp_path)]) == 0
+    assert seen[-1]["target"] == {"charlm-large": 2.8}
     for argv, error in ((["--scenario", "storm"], "unknown scenario(s) ['storm']"), (["--local-steps", "8,x"], "whole numbers"),
                         (["--local-steps", "0"], "at least 1"), (["--seeds", "0"], "--seed I picks seed I"),
                         (["--seeds", "2", "--seed", "1"], "not both")):  # fmt: skip
