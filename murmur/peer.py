@@ -36,9 +36,10 @@ from murmur.node.learn.replica import Replica, model_device
 from murmur.node.learn.tasks import BUILTIN_TASKS, DigitsTask, load_task
 from murmur.node.learn.user_loop import ModelMismatch, StepGate, check_optimizer
 from murmur.node.net.identity import load_or_create_identity
+from murmur.node.ops.assembly import build_node
 from murmur.node.ops.config import NodeConfig
 from murmur.node.ops.logs import route_library_logs
-from murmur.node.ops.node import Node, build_node
+from murmur.node.ops.node import Node
 from murmur.node.ops.node_status import NodeStatus
 from murmur.node.ops.status import STATUS_FILE
 from murmur.protocol.codec import TensorSpec

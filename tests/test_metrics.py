@@ -15,8 +15,9 @@ from murmur.node.averaging.averager import AVERAGE_PROTOCOL
 from murmur.node.averaging.outcome import Outcome, Result
 from murmur.node.net.identity import load_or_create_identity
 from murmur.node.net.membership import PEERS_PROTOCOL
+from murmur.node.ops.assembly import build_node
 from murmur.node.ops.metrics import NodeMetrics, Traffic
-from murmur.node.ops.node import Node, NodeConfig, build_node
+from murmur.node.ops.node import Node, NodeConfig
 from murmur.node.ops.node_status import NetworkStatus, NodeStatus
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"

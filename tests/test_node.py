@@ -12,7 +12,8 @@ from murmur.node.learn.loop import Evaluation
 from murmur.node.learn.step import Pacing
 from murmur.node.net.identity import load_or_create_identity
 from murmur.node.net.transport import MemoryNetwork
-from murmur.node.ops.node import METRICS_FILE, STATUS_FILE, Node, NodeConfig, build_node
+from murmur.node.ops.assembly import build_node
+from murmur.node.ops.node import METRICS_FILE, STATUS_FILE, Node, NodeConfig
 from murmur.node.ops.node_status import NodeStatus
 
 pytestmark = pytest.mark.anyio

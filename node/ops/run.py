@@ -50,7 +50,7 @@ EXIT_NEVER_JOINED = 3
 async def _run_until_signal(config, key_pair, pacing, around: Around | None, received: list[int], lock) -> Node:
     """Run a node (inside `around(node)`, if given) and return it; the first SIGINT/SIGTERM stops it gracefully, a
     second one at once. Each stop signal is appended to `received`; the node owns the data dir's `lock` from here on."""
-    from murmur.node.ops.node import build_node
+    from murmur.node.ops.assembly import build_node
 
     node = build_node(config, key_pair, pacing=pacing, data_dir_lock=lock)
     async with around(node) if around is not None else nullcontext(), anyio.create_task_group() as tg:
