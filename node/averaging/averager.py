@@ -38,6 +38,7 @@ from murmur.protocol.exchange import AVERAGE, Exchange, Role
 from murmur.protocol.messages import Abort, Accept, Busy, Commit, Offer, Refuse
 
 AVERAGE_PROTOCOL = "/murmur/average/2.0.0"
+LINK_OVERHEAD = 1.25  # a transfer's time over its payload's at the link's rated speed, at most
 log = logging.getLogger("murmur.averager")
 
 
@@ -103,8 +104,9 @@ class Averager:
         self.typical_exchange_s = 0.0  # moving average of this node's completed exchanges
         self.last_partner_distance: float | None = None  # L2 to the last partner's model we accepted (metrics)
         self._max_params = max(replica.spec.wire_size(dtype) for dtype in WIRE_DTYPES)
-        # A big model over a slow link needs more than a fixed timeout: give the transfer time at the slowest link served.
-        self.timeout_s = exchange_timeout + self._max_params * 8 / (min_link_mbit * 1e6)
+        # A big model over a slow link needs more than a fixed timeout: give the transfer time at the slowest link
+        # served, with room for what TCP, Noise and yamux add and for a link's goodput below its rated speed.
+        self.timeout_s = exchange_timeout + LINK_OVERHEAD * self._max_params * 8 / (min_link_mbit * 1e6)
         self._created = runtime.monotonic()
         self.state_sync = StateSync(transport, replica, table, identity, rng=rng, timeout_s=self.timeout_s,
                                     max_params=self._max_params, wire_dtype=self.wire_dtype, runtime=runtime)

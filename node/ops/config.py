@@ -229,8 +229,8 @@ class NodeConfig:
     average_every: float = option(0.1, "seconds between averaging attempts", metavar="SECONDS")
     exchange_share: float = option(0.1, "the most of wall time this node's exchanges may take: attempts wait at least "
                                          "the typical exchange's duration divided by this", parse=_share, metavar="FRACTION")
-    exchange_timeout: float = option(10.0, "give up an exchange or state sync after this long, plus the model's transfer "
-                                           "time at --min-link-mbit", metavar="SECONDS")
+    exchange_timeout: float = option(10.0, "give up an exchange or state sync after this long, plus 1.25× the model's "
+                                           "transfer time at --min-link-mbit", metavar="SECONDS")
     min_link_mbit: float = option(5.0, "the slowest link an exchange is given time for (see --exchange-timeout)",
                                   parse=_positive_float, metavar="MBIT")
     partners: str = option("uniform", "how to pick exchange partners: uniform (any live peer)", choices=_partner_names)
