@@ -151,14 +151,15 @@ def task_runs(task: str, config: dict) -> list[tuple[str, float | None, int | No
     """The (method, learning-rate scale, DiLoCo H) runs `config` has on `task`, the ideal first (None: the task's choice).
 
     A config with "lr_factors" (the sweep) runs each of its runs at each factor times its scale; one with
-    "local_steps" runs each DiLoCo method at each of those H.
+    "local_steps" runs each DiLoCo method at each of those H, else at its "tuned_local_steps" if given.
     """
     runs = [(m, s) for m, s in config["runs"]]
     if factors := config.get("lr_factors"):
         chosen = TASKS[task]["lr_scale"]
         runs = [(m, (chosen.get(m, 1.0) if s is None else s) * f) for f in factors for m, s in runs]
-    hs = config.get("local_steps") or [None]
-    return [("ideal", None, None), *((m, s, h) for m, s in runs for h in (hs if m.startswith("diloco") else [None]))]
+    grid, tuned = config.get("local_steps"), config.get("tuned_local_steps", {})  # tuned None: the task's H
+    return [("ideal", None, None), *((m, s, h) for m, s in runs
+                                     for h in ((grid or [tuned.get(m)]) if m.startswith("diloco") else [None]))]
 
 
 def scenarios(task: str, mix: str, seed: int, config: dict) -> list[tuple[str | None, Trace | None]]:

@@ -163,12 +163,17 @@ def test_the_sweep_brackets_the_rate_each_method_trains_at_now() -> None:
     assert task_runs("digits", named) == [("ideal", None, None), *((("murmur", 0.5 * f, None)) for f in SWEEP["lr_factors"])]
 
 
-def test_an_h_sweep_runs_each_diloco_method_at_each_h() -> None:
+def test_an_h_sweep_runs_each_diloco_method_at_each_h_and_without_one_at_its_tuned_h() -> None:
     from lab.bench import task_runs
+    from lab.bench_config import LONG_HORIZON
 
     config = {"runs": [("sync-equal", None), ("diloco", None), ("diloco-proportional", 0.5)], "local_steps": [8, 32]}
     assert task_runs("charlm", config) == [("ideal", None, None), ("sync-equal", None, None), ("diloco", None, 8),
                                            ("diloco", None, 32), ("diloco-proportional", 0.5, 8), ("diloco-proportional", 0.5, 32)]
+    config = {**config, "local_steps": None, "tuned_local_steps": {"diloco-proportional": 128}}
+    assert task_runs("charlm", config) == [("ideal", None, None), ("sync-equal", None, None), ("diloco", None, None),
+                                           ("diloco-proportional", 0.5, 128)]
+    assert {h for m, _, h in task_runs("charlm-large", LONG_HORIZON) if m.startswith("diloco")} == {*LONG_HORIZON["tuned_local_steps"].values()}
 
 
 def test_a_sweep_of_named_points_runs_exactly_those(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
