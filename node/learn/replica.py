@@ -187,22 +187,23 @@ class Replica:
         scaled by its decay, so its change is scaled the same way: the live state becomes
         the merged state at the snapshot, decayed, plus the steps taken meanwhile (an
         unscaled change would outweigh what is left of the snapshot and could drive Adam's
-        second moment negative). Raises `MergeRefused` (model, work and rule state
-        unchanged) if any merged tensor would not be finite.
+        second moment negative). Raises `MergeRefused` if any merged tensor would not be
+        finite: the model and its work stay as they were, and the rule, whose state the
+        refused delta already moved, starts over from the kept model (as after `adopt`).
         """
         self._access.call(self._merge, snapshot, remote, share, work_after)
 
     def _merge(self, snapshot: Snapshot, remote: Mapping[str, torch.Tensor], share: float, work_after: float) -> None:
         with self._lock, torch.no_grad():
-            # A stateful rule updates its state as it computes the delta: kept to put back on refusal.
-            rule_state = self.rule.state_dict()
             delta = self.rule.delta(snapshot.state, remote, share)
             steps = self.steps - snapshot.steps
             scale = {name: decay**steps for name, decay in self.exchanged.decay.items()}
             # Checked before anything is written, so a refused merge leaves the model as it was.
             unfinite = next((name for name in delta if not self._finite_after(name, delta, scale.get(name, 1.0))), None)
             if unfinite is not None:
-                self.rule.load_state_dict(rule_state)
+                # Not a copy of the rule's state on every merge to put back: a refusal is rare, a restart is cheap.
+                self.rule.reset(self.exchanged)
+                self.fresh = 0.0
                 raise MergeRefused(
                     f"the merged model would not be finite ({unfinite!r} has NaN or inf): kept the local model"
                 )
