@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 
 import anyio
+import anyio.lowlevel
 import pytest
 import torch
 import trio.testing
@@ -16,6 +18,7 @@ from averager_harness import BATCH, TIMEOUT, Peer, assert_state_close, last, mak
 
 from murmur.node.averaging.averager import AVERAGE_PROTOCOL
 from murmur.node.averaging.outcome import Result
+from murmur.node.learn.rules import MergeDelta, WorkRule
 from murmur.node.net.security import BanList
 from murmur.node.net.transport import (
     ByteStream,
@@ -48,7 +51,7 @@ async def test_a_busy_partner_answers_at_once_and_the_initiator_tries_another() 
             tg.start_soon(b.averager.exchange_with, staller.peer_id, staller.addresses())  # b waits out its timeout
             with anyio.fail_after(TIMEOUT / 2):
                 while not b.averager.in_exchange:
-                    await anyio.sleep(0)
+                    await anyio.lowlevel.checkpoint()
             start = anyio.current_time()
             busy = await a.averager.exchange_with(b.id, b.transport.addresses())
             assert (busy.result, busy.reason) == (Result.BUSY, "already in an exchange")
@@ -109,6 +112,30 @@ async def test_a_non_finite_model_fails_the_exchange_on_both_sides_and_earns_a_s
         torch.testing.assert_close(a.state(), before_a, equal_nan=True)  # b refused before committing
     strikes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("strike")]
     assert strikes == [f"strike 1/3 for {a.id[-8:]}: {last(b)[1]}"]
+
+
+class _OverflowingRule(WorkRule):
+    """A test-only rule whose merge overflows: finite models in, a non-finite one out."""
+
+    def delta(self, snapshot: Mapping[str, torch.Tensor], remote: Mapping[str, torch.Tensor], share: float) -> MergeDelta:
+        return MergeDelta(snapshot, {n: t * 1e39 for n, t in remote.items()}, share)
+
+
+async def test_a_merge_that_would_not_be_finite_is_rejected_and_the_model_kept() -> None:
+    net = MemoryNetwork()
+    a, b = make_peer(net, "a", 0), make_peer(net, "b", 1, rule=_OverflowingRule())
+    async with running(a, b):
+        a.know(b)
+        a.steps(1)
+        b.steps(1)
+        before_b, work_b = b.state(), b.replica.work
+        outcome = await a.averager.exchange_with(b.id, b.transport.addresses())
+        await settled(a, b)
+        assert outcome.result == Result.MERGED  # both committed; a's rule merged finitely
+        result, reason = last(b)
+        assert result == Result.REJECTED and reason.startswith("MergeRefused: the merged model would not be finite")
+        assert_state_close(b.state(), before_b)
+        assert b.replica.work == work_b
 
 
 async def test_a_scaled_model_is_rejected_before_any_merge_and_banned_at_once() -> None:

@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from murmur.node.learn.checkpoint import read_checkpoint, save_checkpoint
-from murmur.node.learn.replica import Replica, Snapshot
-from murmur.node.learn.rules import MergeDelta, MergeRule, UniformRule, WorkRule
+from murmur.node.learn.replica import MergeRefused, Replica, Snapshot
+from murmur.node.learn.rules import MergeDelta, MergeRule, UniformRule, WorkRule, make_rule
 from murmur.node.learn.step import train_step
 from murmur.node.learn.tasks import DigitsTask
+from murmur.node.learn.tensors import ALL_OPTIMIZER_STATE, OPTIMIZER_PREFIX
 from murmur.node.learn.user_loop import StepGate
 
 TASK = DigitsTask()
@@ -194,3 +195,66 @@ def test_a_model_on_several_devices_is_refused() -> None:
     model.a, model.b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2, device="meta")
     with pytest.raises(ValueError, match="on 2 devices"):
         Replica("t", model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def _adam_replica(rule: MergeRule) -> Replica:
+    """A small linear model under AdamW (charlm's betas) whose moments travel with it."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 4)
+    rule.optimizer_state = ALL_OPTIMIZER_STATE
+    return Replica("adam-test", model, torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.99)), rule=rule)
+
+
+def _adam_step(replica: Replica, gradient_scale: float) -> None:
+    def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = gradient_scale * model(torch.ones(3, 6)).square().sum()
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    replica.step(update, 3)
+
+
+@pytest.mark.parametrize("merge", ["average", "outer"])
+def test_adams_moments_merged_after_steps_in_flight_stay_what_an_adam_would_hold(merge: str) -> None:
+    """The moments' change decays as the steps taken during the exchange decayed the snapshot's moments.
+
+    Early large gradients fill the second moment; ~150 small steps decay it below the share
+    the merge takes from it. Adding the undecayed change drove it negative, and the next
+    Adam step turned the model NaN.
+    """
+    replica = _adam_replica(make_rule("work", merge))
+    for _ in range(5):
+        _adam_step(replica, 100.0)
+    snapshot = replica.snapshot()
+    steps = 150
+    for _ in range(steps):  # the exchange is in flight
+        _adam_step(replica, 1e-3)
+    live = {n: t.clone() for n, t in replica.exchanged.items()}
+    remote = {n: torch.zeros_like(t) if n.startswith(OPTIMIZER_PREFIX) else t for n, t in snapshot.state.items()}
+    replica.merge(snapshot, remote, 0.5, snapshot.work)
+    for name, decay in replica.exchanged.decay.items():
+        expected = live[name] + decay**steps * 0.5 * (remote[name] - snapshot.state[name])
+        torch.testing.assert_close(replica.exchanged[name], expected)
+    assert all((replica.exchanged[n] >= 0).all() for n in replica.exchanged.nonnegative)
+    _adam_step(replica, 1e-3)
+    assert all(torch.isfinite(p).all() for p in replica.model.parameters())
+
+
+def test_a_merge_that_would_not_be_finite_is_refused_and_changes_nothing() -> None:
+    replica = _adam_replica(make_rule("work", "outer"))
+    _adam_step(replica, 1.0)
+    snapshot = replica.snapshot()
+    remote = {n: t.clone() for n, t in snapshot.state.items()}
+    remote["weight"][0, 0] = float("nan")
+    before = {n: t.clone() for n, t in replica.exchanged.items()}
+    with pytest.raises(MergeRefused, match="'weight' has NaN or inf"):
+        replica.merge(snapshot, remote, 0.5, snapshot.work)
+    assert all(torch.equal(t, before[n]) for n, t in replica.exchanged.items())
+    assert all(torch.equal(replica.rule.anchor[n], t) for n, t in before.items())  # the rule starts over from it
+    assert not any(v.any() for v in replica.rule.velocity.values())
+    assert (replica.work, replica.fresh, replica.version) == (3.0, 0.0, 0)
+    remote["weight"][0, 0] = 3e38  # finite, but an outer step past it overflows
+    with pytest.raises(MergeRefused, match="not be finite"):
+        replica.merge(snapshot, remote, 1.0, snapshot.work)

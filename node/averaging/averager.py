@@ -23,7 +23,7 @@ import anyio
 from murmur.node.averaging import params
 from murmur.node.averaging.outcome import Outcome, Result
 from murmur.node.averaging.state_sync import StateSync
-from murmur.node.learn.replica import Replica, Snapshot
+from murmur.node.learn.replica import MergeRefused, Replica, Snapshot
 from murmur.node.learn.rules import MixDecision
 from murmur.node.learn.runtime import Runtime
 from murmur.node.learn.screening import ClippedGossip, WorkClaimLimiter
@@ -231,8 +231,12 @@ class Averager:
         await conv.stream.close()
         # Shielded: once both sides committed, a cancellation must not leave half a merge.
         with anyio.CancelScope(shield=True):
-            await self.runtime.run_sync(self.replica.merge, snapshot, remote, decision.remote_share, decision.work_after)
-        outcome = attempt.outcome(Result.MERGED, decision.reason, self.runtime, decision.remote_share)
+            try:
+                await self.runtime.run_sync(self.replica.merge, snapshot, remote, decision.remote_share, decision.work_after)
+            except MergeRefused as exc:  # the local model stays; the transfer still measured the link
+                outcome = attempt.outcome(Result.REJECTED, f"{type(exc).__name__}: {exc}", self.runtime)
+            else:
+                outcome = attempt.outcome(Result.MERGED, decision.reason, self.runtime, decision.remote_share)
         self.table.record_exchange(attempt.peer_id, outcome.bytes_sent, outcome.duration_s, self.runtime.monotonic())
         return outcome
 

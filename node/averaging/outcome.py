@@ -16,7 +16,7 @@ class Result(StrEnum):
     MERGED = "merged"  # an exchange: both sides merged
     BUSY = "busy"  # an exchange: one side was already in another
     REFUSED = "refused"  # an exchange: the responder declined (another task, too slow a link, ...)
-    REJECTED = "rejected"  # an exchange: the partner's model failed screening
+    REJECTED = "rejected"  # an exchange: the partner's model failed screening, or the merge would not be finite
     FAILED = "failed"  # an exchange or a state sync: an error or a timeout
     SYNCED = "synced"  # a state sync: adopted a peer's model
     KEPT = "kept"  # a state sync: no peer was far enough ahead, the local model stays

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from murmur.node.learn.device import cpu_copy
-from murmur.node.learn.rules import MergeRule, WorkRule
+from murmur.node.learn.rules import MergeDelta, MergeRule, WorkRule
 from murmur.node.learn.tensors import ExchangedTensors
 from murmur.node.learn.weight_average import WeightAverage
 from murmur.protocol.codec import TensorSpec, WireState, pieces, quantize
@@ -39,12 +39,18 @@ class Snapshot:
     """A CPU copy of the model's exchanged tensors in a wire dtype, and the work they carry.
 
     `state[name]` reads a tensor as CPU float32 (see `WireState`). `fresh` is the part of
-    `work` this peer trained itself since its model last merged (or was adopted).
+    `work` this peer trained itself since its model last merged (or was adopted). `steps`
+    counts the optimizer steps the replica had taken when the copy was made.
     """
 
     state: WireState
     work: float
     fresh: float = 0.0
+    steps: int = 0
+
+
+class MergeRefused(ValueError):
+    """A committed merge would have left a tensor not finite (NaN or ±inf): the replica kept its model."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,7 @@ class Replica:
         self.samples = 0  # samples this peer processed itself
         self.work = 0.0  # work in the current model (shared through merges)
         self.fresh = 0.0  # samples trained since the model last merged: the merge rule's staleness measure
+        self.steps = 0  # optimizer steps taken: how far travelling optimizer state decayed since a snapshot
         self.last_loss = math.nan
         self.version = 0  # counts the changes to the model from outside its steps: merges, adoptions, restores
 
@@ -146,6 +153,7 @@ class Replica:
         self.samples += work
         self.work += work
         self.fresh += work
+        self.steps += 1
         if loss is not None:
             self.last_loss = loss
 
@@ -169,23 +177,53 @@ class Replica:
 
     def _snapshot(self, wire_dtype: str) -> Snapshot:
         with self._lock:
-            return Snapshot(quantize(self.exchanged, self.spec, wire_dtype), self.work, self.fresh)
+            return Snapshot(quantize(self.exchanged, self.spec, wire_dtype), self.work, self.fresh, self.steps)
 
     def merge(self, snapshot: Snapshot, remote: Mapping[str, torch.Tensor], share: float, work_after: float) -> None:
         """Apply a committed merge: add the rule's delta to the live tensors, piece by piece,
-        and move the work by the merge's change (steps taken since `snapshot` are kept, and stay fresh)."""
+        and move the work by the merge's change (steps taken since `snapshot` are kept, and stay fresh).
+
+        Optimizer state that travels is a running average that each step since `snapshot`
+        scaled by its decay, so its change is scaled the same way: the live state becomes
+        the merged state at the snapshot, decayed, plus the steps taken meanwhile (an
+        unscaled change would outweigh what is left of the snapshot and could drive Adam's
+        second moment negative). Raises `MergeRefused` if any merged tensor would not be
+        finite: the model and its work stay as they were, and the rule, whose state the
+        refused delta already moved, starts over from the kept model (as after `adopt`).
+        """
         self._access.call(self._merge, snapshot, remote, share, work_after)
 
     def _merge(self, snapshot: Snapshot, remote: Mapping[str, torch.Tensor], share: float, work_after: float) -> None:
         with self._lock, torch.no_grad():
             delta = self.rule.delta(snapshot.state, remote, share)
+            steps = self.steps - snapshot.steps
+            scale = {name: decay**steps for name, decay in self.exchanged.decay.items()}
+            # Checked before anything is written, so a refused merge leaves the model as it was.
+            unfinite = next((name for name in delta if not self._finite_after(name, delta, scale.get(name, 1.0))), None)
+            if unfinite is not None:
+                # Not a copy of the rule's state on every merge to put back: a refusal is rare, a restart is cheap.
+                self.rule.reset(self.exchanged)
+                self.fresh = 0.0
+                raise MergeRefused(
+                    f"the merged model would not be finite ({unfinite!r} has NaN or inf): kept the local model"
+                )
             for name in delta:
                 with _flat(self.exchanged[name]) as flat:
                     for elements, change in delta.pieces(name):
-                        flat[elements].add_(change.to(flat.device, flat.dtype))
+                        flat[elements].add_(change.to(flat.device, flat.dtype), alpha=scale.get(name, 1.0))
+                    if name in self.exchanged.nonnegative:
+                        flat.clamp_(min=0)  # rounding may leave an emptied second moment a hair below 0
             self.work += work_after - snapshot.work
             self.fresh -= snapshot.fresh
             self.version += 1
+
+    def _finite_after(self, name: str, delta: MergeDelta, scale: float) -> bool:
+        """Whether tensor `name` stays finite once `delta`'s change (times `scale`) is added."""
+        live = self.exchanged[name].reshape(-1)
+        return all(  # in the live dtype: a half-precision model overflows sooner than float32
+            bool(torch.isfinite((live[elements].to("cpu", torch.float32) + scale * change).to(live.dtype)).all())
+            for elements, change in delta.pieces(name)
+        )
 
     def adopt(self, state: Mapping[str, torch.Tensor], work: float) -> None:
         """Replace the exchanged tensors with `state` (state sync; any device, float dtype) carrying `work`.

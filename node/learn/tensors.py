@@ -15,6 +15,7 @@ from torch import nn
 
 OPTIMIZER_PREFIX = "optimizer."
 ALL_OPTIMIZER_STATE = ("*",)  # as `optimizer_state`: every per-parameter key this optimizer keeps (below)
+_NONNEGATIVE = (".exp_avg_sq",)  # second moments: Adam divides by their square root
 
 
 class UnsupportedOptimizerState(ValueError):
@@ -35,11 +36,18 @@ class ExchangedTensors(Mapping[str, torch.Tensor]):
     Writing into a tensor read from here (in place) changes the model or optimizer.
     Optimizer state is materialised at construction (zeros, as the optimizer's first
     step would start it), so peers that have not stepped yet exchange the same names.
+
+    `decay[name]` is, for each optimizer tensor, the factor one optimizer step scales its
+    past by (Adam's β1 for `exp_avg`, β2 for `exp_avg_sq`, SGD's momentum): a change made
+    to the state k steps ago now weighs `decay ** k`. `nonnegative` names the tensors that
+    are never negative (second moments), which Adam takes the square root of.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, optimizer_state: Sequence[str] = ()) -> None:
         self._tensors: dict[str, torch.Tensor] = {}
         self.aliases: dict[str, str] = {}  # a tied name -> the name it travels under
+        self.decay: dict[str, float] = {}
+        self.nonnegative: set[str] = set()
         seen: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], str] = {}
         for name, tensor in model.state_dict().items():
             if not tensor.is_floating_point():
@@ -53,7 +61,9 @@ class ExchangedTensors(Mapping[str, torch.Tensor]):
         if optimizer_state:
             if optimizer is None:
                 raise UnsupportedOptimizerState("optimizer state was requested without an optimizer")
-            self._tensors.update(_optimizer_tensors(model, optimizer, optimizer_state))
+            tensors, self.decay = _optimizer_tensors(model, optimizer, optimizer_state)
+            self._tensors.update(tensors)
+            self.nonnegative = {name for name in tensors if name.endswith(_NONNEGATIVE)}
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self._tensors[name]
@@ -65,7 +75,18 @@ class ExchangedTensors(Mapping[str, torch.Tensor]):
         return len(self._tensors)
 
 
-def _optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer, keys: Sequence[str]) -> dict[str, torch.Tensor]:
+def _decays(optimizer: torch.optim.Optimizer, group: dict) -> dict[str, float]:
+    """How much one step of `optimizer` keeps of each per-parameter state key's past, for `group`."""
+    if isinstance(optimizer, torch.optim.SGD):
+        return {"momentum_buffer": float(group["momentum"])}  # dampening is 0 (checked): buf = μ·buf + g
+    beta1, beta2 = (float(beta) for beta in group["betas"])
+    return {"exp_avg": beta1, "exp_avg_sq": beta2}
+
+
+def _optimizer_tensors(
+    model: nn.Module, optimizer: torch.optim.Optimizer, keys: Sequence[str]
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """The optimizer state tensors by exchanged name, and each one's per-step decay (see `ExchangedTensors`)."""
     supported = next((k for cls, k in _STATE_KEYS.items() if type(optimizer) is cls), ())
     keys = supported if tuple(keys) == ALL_OPTIMIZER_STATE and supported else keys
     missing = [key for key in keys if key not in supported]
@@ -84,7 +105,9 @@ def _optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer, keys:
                 )
     names = {id(p): n for n, p in model.named_parameters()}  # tied parameters once, under the first name
     tensors: dict[str, torch.Tensor] = {}
+    decay: dict[str, float] = {}
     for group in optimizer.param_groups:
+        decays = _decays(optimizer, group)
         for param in group["params"]:
             if id(param) not in names:
                 raise UnsupportedOptimizerState("the optimizer holds a parameter that is not the model's")
@@ -98,5 +121,7 @@ def _optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer, keys:
             for key in keys:
                 if key not in state:
                     state[key] = torch.zeros_like(param, memory_format=torch.preserve_format)
-                tensors[f"{OPTIMIZER_PREFIX}{names[id(param)]}.{key}"] = state[key]
-    return tensors
+                name = f"{OPTIMIZER_PREFIX}{names[id(param)]}.{key}"
+                tensors[name] = state[key]
+                decay[name] = decays[key]
+    return tensors, decay
