@@ -96,12 +96,14 @@ ARENA = {"tasks": ["charlm"], "mixes": {"charlm": ["headline"]}, "seeds": [0, 1,
 # The slow-link arena (`murmur bench --long-horizon`, root): charlm-large's headline mix over uneven links for 10
 # minutes a run. Its links are 100, 50, 20 and 10 Mbit/s scaled by LONG_HORIZON_LINK_SCALE, so that one float32
 # model transfer takes as many fast-peer steps as a 1B-parameter model's on one A100 would at those rates
-# (20 steps at 100 Mbit/s; the arithmetic is in docs/arena.md). DiLoCo runs at the task's `local_steps`;
-# `--local-steps 8,32,128,512` sweeps it. Every peer starts from the task's seeded initial model (`same_init`), as
-# DDP's broadcast would give, instead of pulling it over a link that would take minutes.
+# (20 steps at 100 Mbit/s; the arithmetic is in docs/arena.md). DiLoCo runs at the H its sweep chose
+# (`tuned_local_steps`, seed 0: docs/arena.md); `--local-steps 8,32,128` sweeps it again. Every peer starts
+# from the task's seeded initial model (`same_init`), as DDP's broadcast would give, instead of pulling it over a
+# link that would take minutes.
 LONG_HORIZON_NOMINAL_MBIT = [100.0, 50.0, 20.0, 10.0]
 LONG_HORIZON_LINK_SCALE = 0.0275
 LONG_HORIZON = {"tasks": ["charlm-large"], "mixes": {"charlm-large": ["headline"]}, "seeds": [0, 1, 2],
                 "max_s": {"charlm-large": 600.0}, "target": {"charlm-large": 2.8}, "reference": "diloco-proportional", "ema_decay": 0.0,
                 "link_mbit": [round(m * LONG_HORIZON_LINK_SCALE, 4) for m in LONG_HORIZON_NOMINAL_MBIT],
-                "same_init": True, "runs": at_chosen_lr(["diloco-proportional", "diloco", "murmur"])}
+                "same_init": True, "tuned_local_steps": {"diloco-proportional": 128, "diloco": 32},
+                "runs": at_chosen_lr(["diloco-proportional", "diloco", "murmur", "murmur-int8-share-1"])}
