@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,35 @@ def trainer(tmp_path: Path, name: str, callback: MurmurCallback, steps: int, see
     return transformers.Trainer(model=gpt2(), args=args, train_dataset=RandomTokens(seed), callbacks=[callback])
 
 
+@contextmanager
+def training_beside(peer: murmur.Peer, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    """A plain training loop on another thread, stepping `peer`, for the duration of the block; its errors fail the test."""
+    stop, errors = threading.Event(), []
+
+    def train_loop() -> None:
+        try:
+            data = RandomTokens(1)
+            for step in range(20_000):  # bounded; stopped when the block ends
+                if stop.is_set():
+                    return
+                batch = {k: torch.stack([data[i][k] for i in range(step % 512 * 8, step % 512 * 8 + 8)]) for k in ("input_ids", "labels")}
+                model(**batch).loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                peer.step(samples=8)
+        except BaseException as exc:  # reported by the test thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=train_loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not thread.is_alive() and not errors, errors
+
+
 def test_a_bad_option_fails_before_training() -> None:
     with pytest.raises(TypeError, match="did you mean 'bootstrap'"):
         MurmurCallback(bootstraps=["/ip4/127.0.0.1/tcp/1"])
@@ -54,32 +85,10 @@ def test_a_trainer_and_a_loop_on_another_thread_train_together(tmp_path: Path) -
     # plain loop on a thread here; tests/test_examples.py runs two `Trainer` processes.
     model = gpt2()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    stop, errors = threading.Event(), []
     with murmur.Peer(model, optimizer, run_id="hf", listen=LOOPBACK, data_dir=tmp_path / "loop") as loop_peer:
-
-        def train_loop() -> None:
-            try:
-                data = RandomTokens(1)
-                for step in range(20_000):  # bounded; stopped by the test
-                    if stop.is_set():
-                        return
-                    batch = {k: torch.stack([data[i][k] for i in range(step % 512 * 8, step % 512 * 8 + 8)]) for k in ("input_ids", "labels")}
-                    model(**batch).loss.backward()
-                    optimizer.step()
-                    optimizer.zero_grad()
-                    loop_peer.step(samples=8)
-            except BaseException as exc:  # reported by the test thread
-                errors.append(exc)
-
-        thread = threading.Thread(target=train_loop, daemon=True)
-        thread.start()
-        try:
+        with training_beside(loop_peer, model, optimizer):
             callback = MurmurCallback(run_id="hf", listen=LOOPBACK, bootstrap=loop_peer.addrs, data_dir=tmp_path / "hf")
             trainer(tmp_path, "hf", callback, steps=150, seed=2).train()
-        finally:
-            stop.set()
-            thread.join(60)
-        assert not thread.is_alive() and not errors, errors
         status_loop = loop_peer.status()
     assert callback.peer is not None
     status_hf = callback.peer.status()
@@ -98,34 +107,16 @@ def test_two_ranks_under_torchrun_are_one_swarm_peer_that_counts_samples_once(tm
 
     model = gpt2()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    stop = threading.Event()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with murmur.Peer(model, optimizer, run_id="hf", listen=LOOPBACK, data_dir=tmp_path / "loop") as loop_peer:
-
-        def train_loop() -> None:
-            data = RandomTokens(1)
-            for step in range(20_000):  # bounded; stopped by the test
-                if stop.is_set():
-                    return
-                batch = {k: torch.stack([data[i][k] for i in range(step % 512 * 8, step % 512 * 8 + 8)]) for k in ("input_ids", "labels")}
-                model(**batch).loss.backward()
-                optimizer.step()
-                optimizer.zero_grad()
-                loop_peer.step(samples=8)
-
-        thread = threading.Thread(target=train_loop, daemon=True)
-        thread.start()
-        try:
-            job = subprocess.run(
-                [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-                 "--master_port", str(port), str(Path(__file__).with_name("hf_ranks.py")), str(tmp_path), loop_peer.addrs[0], "60"],
-                env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=400, check=False,
-            )  # fmt: skip
-        finally:
-            stop.set()
-            thread.join(60)
+    with (murmur.Peer(model, optimizer, run_id="hf", listen=LOOPBACK, data_dir=tmp_path / "loop") as loop_peer,
+          training_beside(loop_peer, model, optimizer)):
+        job = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+             "--master_port", str(port), str(Path(__file__).with_name("hf_ranks.py")), str(tmp_path), loop_peer.addrs[0], "60"],
+            env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=400, check=False,
+        )  # fmt: skip
     assert job.returncode == 0, job.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["peer"] for r in ranks] == [True, False]  # one swarm peer for the data-parallel group
