@@ -17,7 +17,7 @@ import murmur.node.averaging.params
 import murmur.protocol.exchange
 from lab import peer
 from murmur.node.net.conversation import Conversation
-from murmur.node.ops import run
+from murmur.node.ops import process
 from murmur.protocol.codec import TensorSpec, WireState, quantize
 from murmur.protocol.messages import Accept, Message, Offer, StateReply
 
@@ -53,7 +53,7 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     poison(argv[1])
-    with run.quiet_stop_signals():
+    with process.quiet_stop_signals():
         return peer.main(argv[2:])
 
 

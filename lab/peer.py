@@ -38,7 +38,7 @@ from lab.traces import load as load_trace
 from murmur.node.learn.loop import Evaluation
 from murmur.node.learn.replica import Replica
 from murmur.node.learn.step import Pacing, scale_learning_rate
-from murmur.node.ops import run
+from murmur.node.ops import process, run
 from murmur.node.ops.node import Node
 
 PARAMS_FILE = "params.pt"
@@ -196,6 +196,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    with run.quiet_stop_signals():
+    with process.quiet_stop_signals():
         code = main(sys.argv[1:])
-    run.exit_now(code)  # as `murmur run`: no interpreter teardown once the node has stopped
+    process.exit_now(code)  # as `murmur run`: no interpreter teardown once the node has stopped

@@ -20,7 +20,7 @@ from murmur.node.ops.config import add_options, run_settings
 from murmur.node.ops.config_sources import ConfigError, resolve_options
 from murmur.node.ops.logs import configure_logging
 from murmur.node.ops.parsing import Parser
-from murmur.node.ops.process import INTERRUPTED, exit_now, quiet_stop_signals  # noqa: F401  (the lab's entry points use them from here)
+from murmur.node.ops.process import INTERRUPTED
 
 if TYPE_CHECKING:
     from murmur.node.ops.node import Node
