@@ -56,6 +56,12 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return tensors
 
 
+def _torch_optimizer(kwargs: dict[str, Any]) -> torch.optim.Optimizer:
+    """The callback's torch optimizer (accelerate wraps it)."""
+    optimizer = kwargs["optimizer"]
+    return getattr(optimizer, "optimizer", optimizer)
+
+
 class MurmurCallback(TrainerCallback):
     """A `TrainerCallback` that trains the `Trainer`'s model with a Murmur swarm.
 
@@ -71,9 +77,7 @@ class MurmurCallback(TrainerCallback):
         self._followed = -1  # the `model_version` the other ranks hold
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
-        model = kwargs["model"]
-        optimizer = kwargs["optimizer"]
-        optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps the torch optimizer
+        model, optimizer = kwargs["model"], _torch_optimizer(kwargs)
         if state.is_world_process_zero:
             self.peer = Peer(model, optimizer, **self.options)
         if _distributed():
@@ -89,8 +93,7 @@ class MurmurCallback(TrainerCallback):
             # One step of the whole data-parallel group, counted once: every rank's batch.
             self.peer.step(samples=args.train_batch_size * args.gradient_accumulation_steps * args.world_size)
         if _distributed():
-            optimizer = kwargs["optimizer"]
-            self._follow(kwargs["model"], getattr(optimizer, "optimizer", optimizer))
+            self._follow(kwargs["model"], _torch_optimizer(kwargs))
 
     def _follow(self, model: nn.Module, optimizer: torch.optim.Optimizer, force: bool = False) -> None:
         """Copy rank 0's model and optimizer state to every rank if the swarm changed it (collective: every rank calls it)."""
@@ -108,5 +111,4 @@ class MurmurCallback(TrainerCallback):
         if self.peer is not None:
             self.peer.close()  # its parting merge may change the model once more: the others follow it too
         if _distributed():
-            optimizer = kwargs["optimizer"]
-            self._follow(kwargs["model"], getattr(optimizer, "optimizer", optimizer))
+            self._follow(kwargs["model"], _torch_optimizer(kwargs))
