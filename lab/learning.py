@@ -44,8 +44,9 @@ from pathlib import Path
 
 import torch
 
+from lab.outer_merge import DISCOUNT, OuterRule
 from lab.replicas import Gossip, Method, Sync, Synced, run, with_optimizer
-from murmur.node.learn.rules import DISCOUNT, MergeRule, make_rule
+from murmur.node.learn.rules import MergeRule, WorkRule, make_rule
 from murmur.node.learn.tasks import Task, load_task
 
 MERGES = ("sync", "average", "outer", "diloco", "mean")
@@ -92,8 +93,8 @@ def method(
         return Synced(task, shards, variant.local_steps, variant.outer_lr, variant.outer_momentum, variant.lr_scale, ema_decay)
 
     def rule() -> MergeRule:
-        made = make_rule("work", variant.merge, outer_lr=variant.outer_lr, outer_momentum=variant.outer_momentum,
-                         outer_discount=variant.outer_discount)  # fmt: skip
+        made = make_rule("work") if variant.merge == "average" else \
+            OuterRule(variant.outer_lr, variant.outer_momentum, weighting=WorkRule(), discount=variant.outer_discount)
         if variant.adam in ("avg", "avg1"):  # what `optimizer_state` travels with the model
             made.optimizer_state = ("exp_avg", "exp_avg_sq") if variant.adam == "avg" else ("exp_avg",)
         return made

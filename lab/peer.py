@@ -14,9 +14,11 @@ configuration:
   --trace FILE         pace by peer --trace-peer's slowdowns in this speed trace (`lab.traces`), in seconds
                        since training started (the start time, with --start-at/--start-file); needs --step-time
   --trace-peer I       which peer of --trace this is (default 0)
+  --outer-lr LR        outer learning rate of --merge outer (default 0.7; 1 with momentum 0 is averaging)
+  --outer-momentum MU  Nesterov momentum of --merge outer (default 0.9)
 
 Lab flags may also follow `run` (the swarm launchers append them to `murmur run`'s). The lab's
-plugins (`lab.plugins`: `--partners link-speed`, `--optimizer-state average`) are registered
+plugins (`lab.plugins`: `--partners link-speed`, `--optimizer-state average`, `--merge outer`) are registered
 first, so they are choices of `run`. `python -m lab.peer id --data-dir DIR` prints a peer ID.
 """
 
@@ -80,6 +82,8 @@ def build_lab_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lr-scale", type=_positive(float), default=1.0, metavar="X")
     parser.add_argument("--trace", type=_trace, default=None, metavar="FILE")
     parser.add_argument("--trace-peer", type=int, default=0, metavar="I")
+    parser.add_argument("--outer-lr", type=float, default=0.7, metavar="LR")
+    parser.add_argument("--outer-momentum", type=float, default=0.9, metavar="MU")
     return parser
 
 
@@ -191,7 +195,10 @@ def main(argv: list[str]) -> int:
     if rest[:1] != ["run"]:
         print(__doc__, file=sys.stderr)
         return 2
-    register()  # before `murmur run`'s parser is built: the plugins are among its choices
+    try:
+        register(args.outer_lr, args.outer_momentum)  # before `murmur run`'s parser is built: the plugins are among its choices
+    except ValueError as e:
+        parser.error(str(e))
     return run.main(rest[1:], around=hooks(args))
 
 

@@ -7,8 +7,11 @@
   measured one, so each gets measured.
 - `--optimizer-state average` (`OPTIMIZER_STATE`): the inner optimizer's per-parameter state
   (Adam's moments, SGD's momentum) travels and merges with the model, at more bytes per exchange.
+- `--merge outer` (`MERGES`): an outer Nesterov step toward the pair's weighted mean
+  (`lab.outer_merge`), with the outer learning rate and momentum given to `register`.
 
-`register()` adds them; `python -m lab.peer` calls it before parsing `murmur run`'s flags.
+`register()` adds them; `python -m lab.peer` calls it before parsing `murmur run`'s flags, with its
+`--outer-lr` and `--outer-momentum`.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from murmur.node.learn.rules import OPTIMIZER_STATE
+from lab.outer_merge import OuterRule
+from murmur.node.learn.rules import MERGES, OPTIMIZER_STATE, MergeRule
 from murmur.node.learn.tensors import ALL_OPTIMIZER_STATE
 from murmur.node.net.partners import PARTNER_CHOICES, UniformPartners
 from murmur.node.net.peers import PeerEntry
@@ -41,7 +45,14 @@ class LinkSpeedPartners:
 AVERAGE_OPTIMIZER_STATE = "average"
 
 
-def register() -> None:
-    """Make the lab's options choices of `murmur run`'s parser and of the node (idempotent)."""
+def register(outer_lr: float = 0.7, outer_momentum: float = 0.9) -> None:
+    """Make the lab's options choices of `murmur run`'s parser and of the node (idempotent; the last
+    call's outer hyperparameters hold). Raises `ValueError` for outer hyperparameters out of range."""
+    OuterRule(outer_lr, outer_momentum)  # refuse bad values here, not at the first merge
+
+    def outer(weighting: MergeRule) -> MergeRule:
+        return OuterRule(outer_lr, outer_momentum, weighting=weighting)
+
     PARTNER_CHOICES[LinkSpeedPartners.name] = LinkSpeedPartners
     OPTIMIZER_STATE[AVERAGE_OPTIMIZER_STATE] = ALL_OPTIMIZER_STATE
+    MERGES[OuterRule.name] = outer

@@ -9,7 +9,10 @@ Real libp2p is covered by `tests/test_averaging_libp2p.py`.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
 
 import anyio
 import pytest
@@ -17,8 +20,9 @@ import torch
 import trio.testing
 from averager_harness import BATCH, assert_state_close, last, make_peer, peers, running, settled
 
+from lab.outer_merge import OuterRule
 from murmur.node.averaging.outcome import Result
-from murmur.node.learn.rules import OuterRule, WorkRule
+from murmur.node.learn.rules import WorkRule
 from murmur.node.net.transport import (
     READ_CHUNK,
     ByteStream,
@@ -71,18 +75,54 @@ async def test_a_peer_initiates_only_with_work_since_its_last_merge_and_both_sid
         assert a.averager.table.members[b.id].exchanges == b.averager.table.members[a.id].exchanges == 1
 
 
-async def test_a_peer_waits_so_that_its_exchanges_take_at_most_their_share_of_wall_time() -> None:
+@pytest.mark.parametrize(("share_of", "wall_s", "cpu_s"), [("wall", 1.0, 0.0), ("cpu", 100.0, 1.0)])
+async def test_a_peer_waits_so_that_its_exchanges_take_at_most_their_share_of_its_time(share_of: str, wall_s: float, cpu_s: float) -> None:
     async with peers(2) as (a, b):
         a.know(b)
         a.steps(1)
-        a.averager.typical_exchange_s = 1.0  # as if each exchange had taken 1 s
+        # As if each exchange had taken `wall_s` and `cpu_s` of it computing: only `share_of`'s 1 s counts.
+        a.averager.typical_exchange_s, a.averager.typical_exchange_cpu_s = wall_s, cpu_s
         async with anyio.create_task_group() as tg:
-            tg.start_soon(functools.partial(a.averager.run, 0.1, max_share=0.25))
+            tg.start_soon(functools.partial(a.averager.run, 0.1, max_share=0.25, share_of=share_of))
             await anyio.sleep(1.99)  # the wait is 1 s / 0.25 = 4 s, jittered to 2-6 s
             assert not a.averager.outcomes
             await anyio.sleep(4.02)
             tg.cancel_scope.cancel()
         assert a.averager.outcomes == {Result.MERGED: 1}
+        with pytest.raises(ValueError, match=r"unknown exchange share 'disk'; choose from \['cpu', 'wall'\]"):
+            await a.averager.run(0.1, share_of="disk")
+
+
+async def test_an_exchange_counts_the_cpu_time_of_its_work_on_worker_threads_and_on_the_event_loop() -> None:
+    # Each thread's CPU clock moves on at every read: a computation on a worker thread (read before and
+    # after) costs 0.25 s, and the event loop's part of an exchange (read at its start and end) 0.01 s.
+    clocks = {"worker": itertools.count(step=0.25), "loop": itertools.count(step=0.01)}
+    thread = "loop"
+
+    async def run_sync(func: Callable[..., Any], *args: Any) -> Any:
+        nonlocal thread
+        thread = "worker"
+        try:
+            return func(*args)
+        finally:
+            thread = "loop"
+
+    async def slow_partner(func: Callable[..., Any], *args: Any) -> Any:
+        await anyio.sleep(0.2)  # within the exchange timeout
+        return func(*args)
+
+    async with peers(2) as (a, b):
+        a.know(b)
+        a.steps(1)
+        b.steps(1)
+        a.averager.runtime = replace(a.averager.runtime, cpu_time=lambda: next(clocks[thread]), run_sync=run_sync)
+        b.averager.runtime = replace(b.averager.runtime, run_sync=slow_partner)
+        outcome = await a.averager.exchange_with(b.id, b.transport.addresses())
+        await settled(a, b)
+        assert outcome.result == Result.MERGED, outcome.reason
+        assert outcome.duration_s >= 0.4  # waiting on the partner is not computing
+        # Four computations (snapshot, the received model's check, screening, merge) and the event loop's part.
+        assert outcome.cpu_s == pytest.approx(4 * 0.25 + 0.01)
 
 
 async def test_exchanges_before_anyone_trained_do_not_stop_later_merges() -> None:

@@ -15,11 +15,12 @@ import pytest
 from averager_harness import assert_state_close
 from libp2p.crypto.ed25519 import create_new_key_pair
 
+from lab.outer_merge import OuterRule
 from murmur.node.averaging.averager import Averager
 from murmur.node.averaging.factory import build_averager
 from murmur.node.averaging.outcome import Result
 from murmur.node.learn.loop import TrainingLoop
-from murmur.node.learn.rules import MergeRule, OuterRule, WorkRule
+from murmur.node.learn.rules import MergeRule, WorkRule
 from murmur.node.learn.tasks import DigitsTask
 from murmur.node.net.libp2p_transport import Libp2pTransport
 from murmur.node.net.peers import PeerTable

@@ -209,11 +209,10 @@ relay = ["{RELAY}"]
 relay-service = true
 slowdown = 1.5
 weighting = "uniform"
-merge = "outer"
-outer-lr = 0.5
-outer_momentum = 0.8
+merge = "average"
 average-every = 0.2
 exchange-share = 0.25
+exchange-share-of = "wall"
 exchange_timeout = 5
 min-link-mbit = 2.5
 partners = "uniform"
@@ -251,7 +250,7 @@ def test_a_murmur_toml_with_every_option_loads(parser: argparse.ArgumentParser, 
     assert node == NodeConfig(
         data_dir=Path("/data"), task="digits", run_id="swarm-1", listen=["/ip4/0.0.0.0/tcp/4001"], bootstrap=[BOOT_C],
         addr_file=Path("/data/addrs.txt"), announce=["/ip4/203.0.113.7/tcp/4001"], relays=[RELAY], relay_service=True,
-        weighting="uniform", merge="outer", outer_lr=0.5, outer_momentum=0.8, average_every=0.2, exchange_share=0.25, exchange_timeout=5.0,
+        weighting="uniform", merge="average", average_every=0.2, exchange_share=0.25, exchange_share_of="wall", exchange_timeout=5.0,
         min_link_mbit=2.5, partners="uniform", liveness_timeout=12.0, view_size=None, eval_every=2.0, duration=600.0, shard=3, sync_state=False, nat_traversal=False,
         checkpoint_every=60.0, progress_every=10.0, allow_peers=Path("/data/peers.txt"), swarm_secret_file=Path("/data/secret"),
         wire_dtype="bfloat16", optimizer_state="keep", ema_decay=0.5, max_connections=100,

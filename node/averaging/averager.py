@@ -11,12 +11,13 @@ before the merge leaves the local model untouched; every failure returns its rea
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import random
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
@@ -39,7 +40,10 @@ from murmur.protocol.messages import Abort, Accept, Busy, Commit, Offer, Refuse
 
 AVERAGE_PROTOCOL = "/murmur/average/2.0.0"
 LINK_OVERHEAD = 1.25  # a transfer's time over its payload's at the link's rated speed, at most
+# What `--exchange-share` limits: the CPU time exchanges spend, or their whole duration.
+SHARE_OF = ("cpu", "wall")
 log = logging.getLogger("murmur.averager")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -52,15 +56,19 @@ class _Claimed:
 
 @dataclass
 class _Attempt:
-    """One exchange in flight: the partner, when it started, its stream and the bytes sent so far."""
+    """One exchange in flight: the partner, when it started, its stream, the bytes sent so far, the event
+    loop thread's CPU time when it started and the CPU time its work on worker threads took so far."""
 
     peer_id: str
     start: float
+    cpu_start: float
     stream: ByteStream | None = None
     sent: int = 0
+    worker_cpu_s: float = 0.0
 
     def outcome(self, result: Result, reason: str, runtime: Runtime, remote_share: float = 0.0) -> Outcome:
-        return Outcome(result, self.peer_id, reason, runtime.monotonic() - self.start, remote_share, self.sent)
+        cpu_s = self.worker_cpu_s + runtime.cpu_time() - self.cpu_start
+        return Outcome(result, self.peer_id, reason, runtime.monotonic() - self.start, remote_share, self.sent, cpu_s)
 
 
 class Averager:
@@ -101,7 +109,8 @@ class Averager:
         self.outcomes: Counter[Result] = Counter()
         self.recent: deque[Outcome] = deque(maxlen=32)
         self.bytes_sent = 0
-        self.typical_exchange_s = 0.0  # moving average of this node's completed exchanges
+        self.typical_exchange_s = 0.0  # moving averages of this node's completed exchanges: their duration,
+        self.typical_exchange_cpu_s = 0.0  # and the CPU time they took
         self.last_partner_distance: float | None = None  # L2 to the last partner's model we accepted (metrics)
         self._max_params = max(replica.spec.wire_size(dtype) for dtype in WIRE_DTYPES)
         # A big model over a slow link needs more than a fixed timeout: give the transfer time at the slowest link
@@ -115,22 +124,28 @@ class Averager:
         """This peer's own samples/s since start: the yardstick for partners' claims."""
         return self.replica.samples / max(1.0, self.runtime.monotonic() - self._created)
 
-    async def run(self, period: float, max_attempts: int = 3, max_share: float = 0.1) -> None:
+    async def run(self, period: float, max_attempts: int = 3, max_share: float = 0.1, share_of: str = "cpu") -> None:
         """Every `period` seconds (jittered), try up to `max_attempts` partners until one merges.
 
-        The period stretches so that exchanges take at most `max_share` of wall time:
-        a big model's exchange costs real CPU (Noise encryption, codec), which would
-        otherwise be taken from training. A peer with no work since its last merge has
-        nothing new to offer and does not initiate (it still answers partners).
+        The period stretches so that exchanges take at most `max_share` of this peer's time.
+        With `share_of="cpu"` that is the CPU time they spend (Noise encryption, codec,
+        screening, merging), which would otherwise be taken from training, while waiting
+        on a slow link costs nothing; with "wall" it is their whole duration. A peer with
+        no work since its last merge has nothing new to offer and does not initiate (it
+        still answers partners). Raises `ValueError` for a `share_of` not in `SHARE_OF`.
         """
+        if share_of not in SHARE_OF:
+            raise ValueError(f"unknown exchange share {share_of!r}; choose from {list(SHARE_OF)}")
         while True:
-            wait = max(period, self.typical_exchange_s / max_share)
+            typical = self.typical_exchange_cpu_s if share_of == "cpu" else self.typical_exchange_s
+            wait = max(period, typical / max_share)
             await anyio.sleep(wait * self.rng.uniform(0.5, 1.5))
             if not self.replica.fresh:
                 continue
             outcome = await self.average_once(max_attempts)
             if outcome.result == Result.MERGED:
                 self.typical_exchange_s += 0.2 * (outcome.duration_s - self.typical_exchange_s)
+                self.typical_exchange_cpu_s += 0.2 * (outcome.cpu_s - self.typical_exchange_cpu_s)
 
     async def average_once(self, max_attempts: int = 3) -> Outcome:
         """Try random live partners until one exchange completes or none is left."""
@@ -152,19 +167,18 @@ class Averager:
             return Outcome(Result.BUSY, peer_id, "this node is already in an exchange")
         self.in_exchange = True
         try:
-            return await self._attempt(_Attempt(peer_id, self.runtime.monotonic()), self._initiate, addrs)
+            return await self._attempt(self._begin(peer_id), self._initiate, addrs)
         finally:
             self.in_exchange = False
 
     async def serve_exchange(self, stream: ByteStream) -> None:
         """Answer one inbound exchange (the `/murmur/average` stream handler)."""
-        attempt = _Attempt(stream.remote_peer, self.runtime.monotonic(), stream)
-        await self._attempt(attempt, self._respond)
+        await self._attempt(self._begin(stream.remote_peer, stream), self._respond)
 
     async def _initiate(self, attempt: _Attempt, addrs: list[str]) -> Outcome:
         attempt.stream = await self.transport.open_stream(attempt.peer_id, addrs, AVERAGE_PROTOCOL)
         conv = Conversation(attempt.stream, Exchange(Role.INITIATOR, AVERAGE, max_params_bytes=self._max_params))
-        snapshot = await self.runtime.run_sync(self.replica.snapshot, self.wire_dtype)
+        snapshot = await self._compute(attempt, self.replica.snapshot, self.wire_dtype)
         fresh = self._stated_fresh(snapshot)
         await conv.send(Offer(self.identity.run_id, self.identity.fingerprint, snapshot.work, self.wire_dtype, fresh))
         answer = await conv.receive(Accept, Busy, Refuse)
@@ -192,7 +206,7 @@ class Averager:
         self.in_exchange = True
         try:
             # The initiator picks the wire dtype: both sides must quantize alike for an exact merge.
-            snapshot = await self.runtime.run_sync(self.replica.snapshot, offer.wire_dtype)
+            snapshot = await self._compute(attempt, self.replica.snapshot, offer.wire_dtype)
             # Fresh work is stated back only to an initiator that stated its own: peers from before the
             # field would refuse it, and a rule may only use it when both sides know both values.
             fresh = self._stated_fresh(snapshot) if offer.fresh is not None else None
@@ -211,13 +225,13 @@ class Averager:
     async def _merge(self, conv: Conversation, attempt: _Attempt, snapshot: Snapshot, claimed: _Claimed, *, initiator: bool) -> Outcome:
         """Swap models, vet the partner's, commit (responder first) and apply the rule's merge."""
         try:
-            remote = await self._swap(conv, snapshot.state)
+            remote = await self._swap(conv, attempt, snapshot.state)
         except ProtocolError as exc:
             with contextlib.suppress(ProtocolError, TransportError):  # best effort: the error below is what counts
                 await conv.send(Abort(f"{type(exc).__name__}: {exc}"))
             raise
         attempt.sent = self.replica.spec.wire_size(snapshot.state.dtype)
-        decision, verdict = await self._vet(attempt.peer_id, snapshot, remote, claimed)
+        decision, verdict = await self._vet(attempt, snapshot, remote, claimed)
         if decision is None:
             await conv.send(Abort(f"your model was rejected: {verdict}"))
             await conv.stream.close()
@@ -232,7 +246,7 @@ class Averager:
         # Shielded: once both sides committed, a cancellation must not leave half a merge.
         with anyio.CancelScope(shield=True):
             try:
-                await self.runtime.run_sync(self.replica.merge, snapshot, remote, decision.remote_share, decision.work_after)
+                await self._compute(attempt, self.replica.merge, snapshot, remote, decision.remote_share, decision.work_after)
             except MergeRefused as exc:  # the local model stays; the transfer still measured the link
                 outcome = attempt.outcome(Result.REJECTED, f"{type(exc).__name__}: {exc}", self.runtime)
             else:
@@ -272,13 +286,14 @@ class Averager:
             self.table.forget(peer_id)
             await self.transport.hang_up(peer_id)
 
-    async def _vet(self, peer_id: str, snapshot: Snapshot, remote: WireState, claimed: _Claimed) -> tuple[MixDecision | None, str]:
+    async def _vet(self, attempt: _Attempt, snapshot: Snapshot, remote: WireState, claimed: _Claimed) -> tuple[MixDecision | None, str]:
         """Credit the partner's work claim, let the rule decide, and screen the partner's model.
 
         The partner's fresh work, if both sides stated it, is credited at most its credited
         work (the claim's cap applies to it too). Returns the decision (its share clipped by
         screening), or None to reject, and the verdict.
         """
+        peer_id = attempt.peer_id
         claim = self.claims.credit(peer_id, claimed.work, snapshot.work, self.local_rate(), self.runtime.wall())
         if claim.offence:
             await self._offence(peer_id, claim.reason)
@@ -287,7 +302,7 @@ class Averager:
         decision = self.replica.rule.decide(snapshot.work, claim.work, fresh)
         if not decision.screen:
             return decision, claim.reason
-        screening = await self.runtime.run_sync(self.screening.screen, snapshot.state, remote)
+        screening = await self._compute(attempt, self.screening.screen, snapshot.state, remote)
         if screening.offence:
             await self._offence(peer_id, f"rejected model: {screening.reason}")
         if screening.pull is None:
@@ -295,7 +310,7 @@ class Averager:
         self.last_partner_distance = screening.distance
         return replace(decision, remote_share=decision.remote_share * screening.pull), screening.reason
 
-    async def _swap(self, conv: Conversation, local: WireState) -> WireState:
+    async def _swap(self, conv: Conversation, attempt: _Attempt, local: WireState) -> WireState:
         """Stream our model and receive the partner's at the same time (full duplex)."""
         spec = self.replica.spec
         send_errors: list[Exception] = []
@@ -312,7 +327,7 @@ class Averager:
         async with anyio.create_task_group() as tg:
             tg.start_soon(send)
             try:
-                received = await params.receive_params(conv, spec, local.dtype, self.runtime.run_sync)
+                received = await params.receive_params(conv, spec, local.dtype, functools.partial(self._compute, attempt))
             except (ProtocolError, TransportError) as exc:
                 error = exc
                 tg.cancel_scope.cancel()
@@ -320,6 +335,21 @@ class Averager:
             raise error or send_errors[0]
         assert received is not None
         return received
+
+    def _begin(self, peer_id: str, stream: ByteStream | None = None) -> _Attempt:
+        return _Attempt(peer_id, self.runtime.monotonic(), self.runtime.cpu_time(), stream)
+
+    async def _compute(self, attempt: _Attempt, func: Callable[..., T], *args: Any) -> T:
+        """`func(*args)` off the event loop (`Runtime.run_sync`), its CPU time counted as `attempt`'s."""
+
+        def timed() -> T:
+            start = self.runtime.cpu_time()
+            try:
+                return func(*args)
+            finally:
+                attempt.worker_cpu_s += self.runtime.cpu_time() - start
+
+        return await self.runtime.run_sync(timed)
 
     def _record(self, outcome: Outcome) -> Outcome:
         self.outcomes[outcome.result] += 1

@@ -25,7 +25,11 @@ class Result(StrEnum):
 
 @dataclass(frozen=True)
 class Outcome:
-    """How one exchange or one state sync ended (`result`), with the reason."""
+    """How one exchange or one state sync ended (`result`), with the reason.
+
+    `cpu_s` is the CPU time this side spent on the exchange (encryption, codec, screening, merging);
+    the rest of `duration_s` was spent waiting on the link or the partner.
+    """
 
     result: Result
     partner: str
@@ -33,3 +37,4 @@ class Outcome:
     duration_s: float = 0.0
     remote_share: float = 0.0
     bytes_sent: int = 0
+    cpu_s: float = 0.0

@@ -157,6 +157,12 @@ def _merge_names() -> list[str]:
     return list(MERGES)
 
 
+def _share_of_names() -> list[str]:
+    from murmur.node.averaging.averager import SHARE_OF
+
+    return list(SHARE_OF)
+
+
 def _optimizer_state_names() -> list[str]:
     from murmur.node.learn.rules import OPTIMIZER_STATE
 
@@ -217,18 +223,18 @@ class NodeConfig:
     nat_traversal: bool = option(True, "no AutoNAT, hole punching (DCUtR) or relay discovery", flag="no-nat-traversal")
     addr_file: Path | None = option(None, "write the listening (then announced) addresses here, one per line")
     weighting: str = option("work", "how to weight the two models of a merge", choices=_rule_names)
-    merge: str = option("average", "average: move to the pair's weighted mean; outer: take a Nesterov outer step "
-                                   "toward it from this peer's last merge (DiLoCo-style)", choices=_merge_names)
-    outer_lr: float = option(0.7, "outer learning rate of --merge outer (1 with momentum 0 is plain averaging)", metavar="LR")
-    outer_momentum: float = option(0.9, "Nesterov momentum of --merge outer", metavar="MU")
+    merge: str = option("average", "what a merge does with the weighted pair: average moves to its mean", choices=_merge_names)
     optimizer_state: str = option("keep", "what a merge does with the inner optimizer's per-parameter state (Adam's moments, "
                                           "SGD's momentum): keep this peer's own", choices=_optimizer_state_names)
     ema_decay: float = option(DEFAULT_DECAY, "evaluate and checkpoint an average of the model's last ~1/(1-DECAY) steps (a moving "
                                    "average of its weights: less minibatch noise); 0: the live model", parse=_decay,
                               metavar="DECAY")
     average_every: float = option(0.1, "seconds between averaging attempts", metavar="SECONDS")
-    exchange_share: float = option(0.1, "the most of wall time this node's exchanges may take: attempts wait at least "
-                                         "the typical exchange's duration divided by this", parse=_share, metavar="FRACTION")
+    exchange_share: float = option(0.1, "the most of this node's time its exchanges may take (see --exchange-share-of): attempts "
+                                         "wait at least the typical exchange's cost divided by this", parse=_share, metavar="FRACTION")
+    exchange_share_of: str = option("cpu", "what --exchange-share limits: cpu, the time exchanges spend computing (encryption, "
+                                           "codec, merging; waiting on a slow link is free), or wall, their whole duration",
+                                    choices=_share_of_names)
     exchange_timeout: float = option(10.0, "give up an exchange or state sync after this long, plus 1.25× the model's "
                                            "transfer time at --min-link-mbit", metavar="SECONDS")
     min_link_mbit: float = option(5.0, "the slowest link an exchange is given time for (see --exchange-timeout)",

@@ -97,8 +97,7 @@ class Node:
         if config.threads is not None:  # the operator's choice; benchmarks sharing a machine pass 1
             torch.set_num_threads(config.threads)
         shard = config.shard if config.shard is not None else _shard_of(self.peer_id)
-        rule = make_rule(config.weighting, config.merge, outer_lr=config.outer_lr, outer_momentum=config.outer_momentum,
-                         optimizer_state=config.optimizer_state)
+        rule = make_rule(config.weighting, config.merge, optimizer_state=config.optimizer_state)
         self.loop: TrainingLoop | None = None
         if user_loop is None:
             self.loop = TrainingLoop(load_task(config.task), shard, resolve_device(config.device), config.mixed_precision, rule=rule,
@@ -228,7 +227,8 @@ class Node:
                     log.info("no state sync (%s): training from the %s model", outcome.reason, "resumed" if self.resumed_from else "initial")
         async with anyio.create_task_group() as tg:
             tg.start_soon(self.membership.run, cfg.bootstrap, cfg.gossip_every)
-            tg.start_soon(functools.partial(self.averager.run, cfg.average_every, max_share=cfg.exchange_share))
+            tg.start_soon(functools.partial(self.averager.run, cfg.average_every, max_share=cfg.exchange_share,
+                                            share_of=cfg.exchange_share_of))
             tg.start_soon(self._checkpoint_periodically)
             if self.start_gate is not None:
                 self._set_phase("waiting")

@@ -1,4 +1,4 @@
-"""The `outer` rule: Nesterov outer steps on the pair's pseudo-gradient, with state that checkpoints exactly."""
+"""The lab's `outer` merge: Nesterov outer steps on the pair's pseudo-gradient, with state that checkpoints exactly."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lab.outer_merge import OuterRule
+from lab.plugins import register
 from murmur.node.learn.loop import TrainingLoop
 from murmur.node.learn.rules import MergeDelta, make_rule
-from murmur.node.learn.rules.outer import OuterRule
 from murmur.node.learn.tasks import DigitsTask
 
 SHAPES = {"w": (3, 2), "b": (4,)}
@@ -47,7 +48,7 @@ def test_outer_step_follows_nesterov_from_the_anchor() -> None:
 
 
 def test_decision_is_work_weighted_and_conserves_total_weight() -> None:
-    rule = make_rule("work", "outer")
+    rule = OuterRule()
     a, b = rule.decide(3.0, 1.0), rule.decide(1.0, 3.0)
     assert a.remote_share == pytest.approx(0.25) and a.remote_share + b.remote_share == pytest.approx(1.0)
     assert a.work_after + b.work_after == pytest.approx(4.0)
@@ -90,12 +91,18 @@ def test_foreign_state_and_bad_hyperparameters_are_refused() -> None:
         OuterRule(lr=0.0)
 
 
-def test_make_rule_builds_outer_steps_on_any_weighting() -> None:
-    rule = make_rule("uniform", "outer", outer_lr=0.5, outer_momentum=0.0)
-    assert isinstance(rule, OuterRule) and (rule.lr, rule.momentum) == (0.5, 0.0)
-    assert rule.decide(3.0, 1.0).remote_share == 0.5
-    with pytest.raises(ValueError, match=r"unknown merge 'inner'; choose from \['average', 'outer'\]"):
-        make_rule("work", "inner")
+def test_the_registered_merge_takes_outer_steps_on_any_weighting() -> None:
+    register(outer_lr=0.5, outer_momentum=0.0)
+    try:
+        rule = make_rule("uniform", "outer")
+        assert isinstance(rule, OuterRule) and (rule.lr, rule.momentum) == (0.5, 0.0)
+        assert rule.decide(3.0, 1.0).remote_share == 0.5
+        with pytest.raises(ValueError, match=r"unknown merge 'inner'; choose from \['average', 'outer'\]"):
+            make_rule("work", "inner")
+        with pytest.raises(ValueError, match="outer lr"):
+            register(outer_lr=3.0)
+    finally:
+        register()
 
 
 def test_a_changed_rule_keeps_the_checkpointed_model_and_starts_over() -> None:
@@ -219,7 +226,7 @@ def test_a_discount_outside_zero_to_one_is_refused() -> None:
     with pytest.raises(ValueError, match="staleness discount must be in \\[0, 1\\], got 1.5"):
         OuterRule(discount=1.5)
     with pytest.raises(ValueError, match="staleness discount"):
-        make_rule("work", "outer", outer_discount=-0.1)
+        OuterRule(discount=-0.1)
 
 
 @given(seeds, seeds, seeds, shares, st.floats(0.1, 2.0), st.floats(0.0, 0.99))

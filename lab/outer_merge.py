@@ -1,4 +1,6 @@
-"""`outer`: DiLoCo's outer optimizer made pairwise — Nesterov momentum on the pair's pseudo-gradient.
+"""`--merge outer` (a lab plugin, `lab.plugins`): DiLoCo's outer optimizer made pairwise — Nesterov
+momentum on the pair's pseudo-gradient. It lost every measurement of the arena (docs/arena.md), so it
+is not one of `murmur run`'s own choices.
 
 The rule keeps an anchor (this peer's model right after its last merge; `reset`, which
 the replica calls with its initial model, sets the first) and a momentum buffer. At a
