@@ -44,16 +44,17 @@ MURMUR_ARGS = {
     "murmur-avg-state": ["--merge", "average", "--weighting", "work", "--optimizer-state", "average"],
     "murmur-outer": ["--merge", "outer", "--weighting", "work", "--optimizer-state", "average"],
     "murmur-link-speed": ["--partners", "link-speed"],
-    # The exchange share as it was measured first: of exchanges' whole duration (wall).
-    "murmur-share-0.05": ["--exchange-share", "0.05", "--exchange-share-of", "wall"],
-    "murmur-share-0.25": ["--exchange-share", "0.25", "--exchange-share-of", "wall"],
-    "murmur-share-0.5": ["--exchange-share", "0.5", "--exchange-share-of", "wall"],
-    "murmur-share-1": ["--exchange-share", "1", "--exchange-share-of", "wall"],
-    "murmur-int8-share-1": ["--exchange-share", "1", "--wire-dtype", "int8", "--exchange-share-of", "wall"],
-    "murmur-share-of-wall": ["--exchange-share-of", "wall"],
-    # The share of exchanges' CPU time (`--exchange-share-of cpu`, the default), with the int8 wire.
-    "murmur-int8-cpu-0.25": ["--wire-dtype", "int8", "--exchange-share", "0.25"],
-    "murmur-int8-cpu-1": ["--wire-dtype", "int8", "--exchange-share", "1"],
+    # The exchange share as it was measured first: of exchanges' whole duration (wall), float32 on the wire.
+    "murmur-share-0.05": ["--exchange-share", "0.05", "--exchange-share-of", "wall", "--wire-dtype", "float32"],
+    "murmur-share-0.25": ["--exchange-share", "0.25", "--exchange-share-of", "wall", "--wire-dtype", "float32"],
+    "murmur-share-0.5": ["--exchange-share", "0.5", "--exchange-share-of", "wall", "--wire-dtype", "float32"],
+    "murmur-share-1": ["--exchange-share", "1", "--exchange-share-of", "wall", "--wire-dtype", "float32"],
+    "murmur-int8-share-1": ["--exchange-share", "1", "--exchange-share-of", "wall", "--wire-dtype", "int8"],
+    # The defaults before the arena: float32 on the wire, exchanges at most 10 % of wall time.
+    "murmur-fp32-wall-0.1": ["--exchange-share", "0.1", "--exchange-share-of", "wall", "--wire-dtype", "float32"],
+    # A share of exchanges' CPU time, with the int8 wire (the defaults are cpu, 1 and int8).
+    "murmur-int8-cpu-0.25": ["--exchange-share", "0.25", "--exchange-share-of", "cpu", "--wire-dtype", "int8"],
+    "murmur-int8-cpu-1": ["--exchange-share", "1", "--exchange-share-of", "cpu", "--wire-dtype", "int8"],
     "murmur-fp16": ["--wire-dtype", "float16"],
     "murmur-solo": ["--average-every", "1000000"],  # every peer trains alone: what merging buys
 }

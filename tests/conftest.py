@@ -31,3 +31,17 @@ def _stop_signals_restored() -> Iterator[None]:
     yield
     for s, handler in handlers.items():
         signal.signal(s, handler)
+
+
+@pytest.fixture(autouse=True)
+def _registries_restored() -> Iterator[None]:
+    """Put the product's registries back after each test: the lab's plugins (`lab.plugins.register`) stay out of other tests."""
+    from murmur.node.learn.rules import MERGES, OPTIMIZER_STATE
+    from murmur.node.net.partners import PARTNER_CHOICES
+
+    registries = (PARTNER_CHOICES, OPTIMIZER_STATE, MERGES)
+    saved = [dict(r) for r in registries]
+    yield
+    for registry, before in zip(registries, saved, strict=True):
+        registry.clear()
+        registry.update(before)  # type: ignore[attr-defined]

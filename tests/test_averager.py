@@ -125,6 +125,24 @@ async def test_an_exchange_counts_the_cpu_time_of_its_work_on_worker_threads_and
         assert outcome.cpu_s == pytest.approx(4 * 0.25 + 0.01)
 
 
+async def test_both_sides_hold_their_partner_alive_while_their_exchange_lasts() -> None:
+    async def slow(func: Callable[..., Any], *args: Any) -> Any:
+        await anyio.sleep(0.2)
+        return func(*args)
+
+    async with peers(2) as (a, b):
+        a.know(b)
+        b.know(a)
+        a.steps(1)
+        b.averager.runtime = replace(b.averager.runtime, run_sync=slow)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(a.averager.exchange_with, b.id, b.transport.addresses())
+            await anyio.sleep(0.1)
+            assert a.averager.table.exchanging == {b.id: 1} and b.averager.table.exchanging == {a.id: 1}
+        await settled(a, b)
+        assert not a.averager.table.exchanging and not b.averager.table.exchanging
+
+
 async def test_exchanges_before_anyone_trained_do_not_stop_later_merges() -> None:
     # Peers that join and wait for a common start exchange identical, work-free models many
     # times; none of that may teach screening a zero radius that clips every later merge.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -16,17 +15,6 @@ from murmur.node.learn.rules import OPTIMIZER_STATE, make_rule
 from murmur.node.net.partners import PARTNER_CHOICES
 from murmur.node.net.peers import PeerTable
 from murmur.node.ops.run import build_run_parser
-
-
-@pytest.fixture(autouse=True)
-def registries() -> Iterator[None]:
-    """The product's registries as they were, after each test: the lab's plugins stay out of other tests."""
-    saved = dict(PARTNER_CHOICES), dict(OPTIMIZER_STATE)
-    yield
-    for registry, before in zip((PARTNER_CHOICES, OPTIMIZER_STATE), saved):
-        registry.clear()
-        registry.update(before)  # type: ignore[arg-type]
-
 
 
 def test_link_speed_picks_in_proportion_to_measured_speed() -> None:

@@ -32,7 +32,7 @@ def test_status_json_keeps_its_keys_and_adds_work() -> None:
     assert doc["weight"] == doc["work"] == 640.0
     assert doc["exchanges"] == {"merged": 1, "busy": 1}
     assert doc["recent_exchanges"][0] == {"result": "merged", "partner": "peerA", "reason": EXAMPLE.recent_exchanges[0].reason,
-                                          "duration_s": 0.01, "remote_share": 0.5, "bytes_sent": 4096}  # fmt: skip
+                                          "duration_s": 0.01, "remote_share": 0.5, "bytes_sent": 4096, "cpu_s": 0.0}  # fmt: skip
     assert doc["connections"] == {"peerA": "direct", "peerB": "relayed"} and doc["relays"] == list(EXAMPLE.network.relays)
 
 

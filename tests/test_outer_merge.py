@@ -93,16 +93,13 @@ def test_foreign_state_and_bad_hyperparameters_are_refused() -> None:
 
 def test_the_registered_merge_takes_outer_steps_on_any_weighting() -> None:
     register(outer_lr=0.5, outer_momentum=0.0)
-    try:
-        rule = make_rule("uniform", "outer")
-        assert isinstance(rule, OuterRule) and (rule.lr, rule.momentum) == (0.5, 0.0)
-        assert rule.decide(3.0, 1.0).remote_share == 0.5
-        with pytest.raises(ValueError, match=r"unknown merge 'inner'; choose from \['average', 'outer'\]"):
-            make_rule("work", "inner")
-        with pytest.raises(ValueError, match="outer lr"):
-            register(outer_lr=3.0)
-    finally:
-        register()
+    rule = make_rule("uniform", "outer")
+    assert isinstance(rule, OuterRule) and (rule.lr, rule.momentum) == (0.5, 0.0)
+    assert rule.decide(3.0, 1.0).remote_share == 0.5
+    with pytest.raises(ValueError, match=r"unknown merge 'inner'; choose from \['average', 'outer'\]"):
+        make_rule("work", "inner")
+    with pytest.raises(ValueError, match="outer lr"):
+        register(outer_lr=3.0)
 
 
 def test_a_changed_rule_keeps_the_checkpointed_model_and_starts_over() -> None:

@@ -107,7 +107,7 @@ def test_options_are_murmur_runs_with_its_names_and_defaults(tmp_path: Path) -> 
     import inspect
 
     params = inspect.signature(murmur.Peer).parameters
-    assert params["wire_dtype"].default == "float32" and params["view_size"].default == 32 and params["merge"].default == "average"
+    assert params["wire_dtype"].default == "int8" and params["view_size"].default == 32 and params["merge"].default == "average"
     _, model, optimizer = digits()
     with pytest.raises(TypeError, match="did you mean 'wire_dtype'"):
         murmur.Peer(model, optimizer, wire_type="int8", data_dir=tmp_path)

@@ -123,6 +123,16 @@ def test_member_exactly_at_the_timeout_is_kept() -> None:
     assert "a" in table.members
 
 
+def test_a_member_in_an_exchange_stays_alive_however_long_its_transfer_takes() -> None:
+    table = _table()
+    for peer_id in ("sending", "silent"):
+        table.observe(peer_id, _addr(peer_id), now=0.0)
+    table.exchanging["sending"] += 1  # its model is arriving over a slow link; its hellos queue behind it
+    assert table.expire(now=10 * TIMEOUT) == ["silent"]
+    table.exchanging["sending"] -= 1  # the exchange failed: nothing has been heard from it since
+    assert table.expire(now=10 * TIMEOUT) == ["sending"]
+
+
 def test_a_completed_exchange_keeps_a_member_alive_and_measures_its_link_but_never_admits() -> None:
     table = _table()
     table.observe("a", _addr("a"), now=0.0)

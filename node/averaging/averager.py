@@ -118,7 +118,7 @@ class Averager:
         self.timeout_s = exchange_timeout + LINK_OVERHEAD * self._max_params * 8 / (min_link_mbit * 1e6)
         self._created = runtime.monotonic()
         self.state_sync = StateSync(transport, replica, table, identity, rng=rng, timeout_s=self.timeout_s,
-                                    max_params=self._max_params, wire_dtype=self.wire_dtype, runtime=runtime)
+                                    max_params=self._max_params, runtime=runtime)
 
     def local_rate(self) -> float:
         """This peer's own samples/s since start: the yardstick for partners' claims."""
@@ -260,6 +260,7 @@ class Averager:
         Every failure becomes a `failed` outcome with its reason (a hostile peer's also a
         strike) and resets the stream; cancellation resets it too, then propagates.
         """
+        self.table.exchanging[attempt.peer_id] += 1
         try:
             with anyio.fail_after(self.timeout_s):
                 outcome = await body(attempt, *args)
@@ -276,6 +277,10 @@ class Averager:
             if attempt.stream is not None:  # shutting down: tell the partner now rather than at its timeout
                 await attempt.stream.reset()
             raise
+        finally:
+            self.table.exchanging[attempt.peer_id] -= 1
+            if not self.table.exchanging[attempt.peer_id]:
+                del self.table.exchanging[attempt.peer_id]
         if attempt.stream is not None:
             await attempt.stream.reset()
         return self._record(attempt.outcome(Result.FAILED, reason, self.runtime))

@@ -37,12 +37,13 @@ class StateSync:
     """This node's side of state sync: serves its model, and fetches and adopts a peer's.
 
     `timeout_s` bounds one whole transfer; `max_params` bounds the bytes a reply's model may
-    take; `wire_dtype` is the dtype this node asks for.
+    take; `wire_dtype` is the dtype this node asks for: float32 unless told otherwise, whatever
+    its exchanges use, because a node adopts a synced model whole and nothing corrects a lossy copy.
     """
 
     def __init__(
         self, transport: Transport, replica: Replica, table: PeerTable, identity: TaskIdentity, *,
-        rng: random.Random, timeout_s: float, max_params: int, wire_dtype: str, runtime: Runtime,
+        rng: random.Random, timeout_s: float, max_params: int, runtime: Runtime, wire_dtype: str = "float32",
     ) -> None:
         self.transport = transport
         self.replica = replica

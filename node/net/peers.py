@@ -15,6 +15,7 @@ sample of it (fed by the peers rumoured in hellos) instead of a full list.
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import dataclass, field
 
 from murmur.node.net.partners import PartnerChoice, UniformPartners
@@ -53,6 +54,10 @@ class PeerTable:
     candidates: dict[str, list[str]] = field(default_factory=dict)
     dormant: dict[str, list[str]] = field(default_factory=dict)
     _backoff: dict[str, _Backoff] = field(default_factory=dict)
+    # Members in an exchange with this node (open exchanges per peer): their bytes are arriving, so they are
+    # alive however long the transfer takes over their link, while their hellos queue behind it; the
+    # exchange's own timeout bounds how long that lasts.
+    exchanging: Counter[str] = field(default_factory=Counter)
     view_size: int | None = None
     view: PartialView | None = field(default=None, init=False)
 
@@ -131,8 +136,8 @@ class PeerTable:
         self.dormant.pop(peer_id, None)
 
     def expire(self, now: float) -> list[str]:
-        """Make members silent for longer than the liveness timeout dormant; return their IDs."""
-        dead = [p for p, e in self.members.items() if now - e.last_seen > self.liveness_timeout]
+        """Make members silent for longer than the liveness timeout, and not in an exchange, dormant; return their IDs."""
+        dead = [p for p, e in self.members.items() if now - e.last_seen > self.liveness_timeout and not self.exchanging[p]]
         for peer_id in dead:
             entry = self.members.pop(peer_id)
             if self.view is not None:

@@ -230,7 +230,7 @@ class NodeConfig:
                                    "average of its weights: less minibatch noise); 0: the live model", parse=_decay,
                               metavar="DECAY")
     average_every: float = option(0.1, "seconds between averaging attempts", metavar="SECONDS")
-    exchange_share: float = option(0.1, "the most of this node's time its exchanges may take (see --exchange-share-of): attempts "
+    exchange_share: float = option(1.0, "the most of this node's time its exchanges may take (see --exchange-share-of): attempts "
                                          "wait at least the typical exchange's cost divided by this", parse=_share, metavar="FRACTION")
     exchange_share_of: str = option("cpu", "what --exchange-share limits: cpu, the time exchanges spend computing (encryption, "
                                            "codec, merging; waiting on a slow link is free), or wall, their whole duration",
@@ -253,8 +253,8 @@ class NodeConfig:
     allow_peers: Path | None = option(None, "only these peer IDs (one per line) may connect", metavar="FILE")
     swarm_secret_file: Path | None = option(None, "shared secret that Murmur streams must prove", metavar="FILE")
     max_connections: int = option(300, "connection limit (inbound + outbound)")
-    wire_dtype: str = option("float32", "dtype parameters travel in when this node starts an exchange or state sync: "
-                                        "float32 (exact), bfloat16/float16 (half the bytes), int8 (a quarter, per-tensor scale)",
+    wire_dtype: str = option("int8", "dtype parameters travel in when this node starts an exchange (state sync is float32): "
+                                     "float32 (exact), bfloat16/float16 (half the bytes), int8 (a quarter, per-tensor scale)",
                              choices=lambda: WIRE_DTYPE_NAMES)
     device: str = option("auto", "auto, cpu, cuda, cuda:N or mps; auto = cuda if available, else mps, else cpu (default auto)",
                          parse=_device_syntax, metavar="DEVICE")  # murmur.node.learn.device.resolve_device
