@@ -1,4 +1,4 @@
-"""The `murmur` command: `run` a peer, show a node's `status`, print its `id`; and, from a
+"""The `murmur` command: `run` a peer, show a node's `status`, `export` its model, print its `id`; and, from a
 source checkout, `demo` a local swarm and `bench` against all-reduce.
 
 It sits above `murmur.node.ops` (the running node), which knows nothing of it; each subcommand
@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("bench", help="heterogeneous-swarm benchmark vs synchronous all-reduce (from a checkout; see --help)",
                    add_help=False)
     sub.add_parser("status", help="show a running node's state, or check its health (see --help)", add_help=False)
+    sub.add_parser("export", help="write a node's model as a safetensors file (see --help)", add_help=False)
     ident = sub.add_parser("id", help="print this node's peer ID (creating its key if needed)")
     ident.add_argument("--data-dir", type=Path, default=default_data_dir(),
                        help="the node's data dir (default $MURMUR_DATA_DIR or ~/.murmur)")
@@ -77,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
             from lab.bench_cli import main as bench_main
 
             return bench_main(argv[1:])
+        if argv[:1] == ["export"]:
+            from murmur.node.ops.export import main as export_main
+
+            return export_main(argv[1:])
         if argv[:1] == ["status"]:  # no torch import: cheap enough for a container's HEALTHCHECK
             from murmur.node.ops.status import main as status_main
 

@@ -81,12 +81,17 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     return state
 
 
+def newest_first(directory: Path) -> list[Path]:
+    """The checkpoint files in `directory`, newest first (none if it does not exist)."""
+    return [path for _, path in reversed(_numbered(directory))]
+
+
 def load_latest(directory: Path) -> tuple[dict[str, Any], Path] | None:
     """The newest valid checkpoint in `directory` and its path, or None if there is none.
 
     Each unusable checkpoint is logged in one line and skipped in favour of an older one.
     """
-    for _, path in reversed(_numbered(directory)):
+    for path in newest_first(directory):
         try:
             return read_checkpoint(path), path
         except (CorruptCheckpoint, OSError) as exc:
