@@ -36,6 +36,8 @@ def poison(attack: str) -> None:
         elif attack == "noise":
             state = {n: torch.randn_like(t) for n, t in state.items()}
         elif attack == "nan":
+            if wire.dtype == "int8":  # int8 values cannot hold NaN (quantizing makes them finite): its scales can
+                return await honest_send_params(conv, WireState(wire.dtype, wire.tensors, dict.fromkeys(wire.scales, float("nan"))), spec)
             state = {n: torch.full_like(t, float("nan")) for n, t in state.items()}
         return await honest_send_params(conv, quantize(state, spec, wire.dtype), spec)
 

@@ -68,7 +68,9 @@ def test_unpunchable_nat_falls_back_to_the_relay_and_survives_losing_it(tmp_path
         swarm.wait_until(lambda: sum(r == Result.MERGED for r, _ in swarm.exchanges("a", "b")[before:]) >= 3,
                          f"three a-b exchanges after killing {victim}", 90)
         after = swarm.exchanges("a", "b")[before:]
-        assert [r for r, _ in after].index(Result.MERGED) <= 1, f"more than one exchange lost to the dead relay: {after}"
+        results = [r for r, _ in after]
+        lost = results[: results.index(Result.MERGED)].count(Result.FAILED)  # a busy partner lost nothing
+        assert lost <= 1, f"more than one exchange lost to the dead relay: {after}"
 
         def re_reserved(name: str) -> bool:  # two reservations again, none on the dead relay
             relays = swarm.network(name).relays

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from lab.outer_merge import OuterRule
 from murmur.node.learn.checkpoint import read_checkpoint, save_checkpoint
 from murmur.node.learn.replica import MergeRefused, Replica, Snapshot
 from murmur.node.learn.rules import MergeDelta, MergeRule, UniformRule, WorkRule, make_rule
@@ -224,7 +225,7 @@ def test_adams_moments_merged_after_steps_in_flight_stay_what_an_adam_would_hold
     the merge takes from it. Adding the undecayed change drove it negative, and the next
     Adam step turned the model NaN.
     """
-    replica = _adam_replica(make_rule("work", merge))
+    replica = _adam_replica(make_rule("work") if merge == "average" else OuterRule(weighting=WorkRule()))
     for _ in range(5):
         _adam_step(replica, 100.0)
     snapshot = replica.snapshot()
@@ -243,7 +244,7 @@ def test_adams_moments_merged_after_steps_in_flight_stay_what_an_adam_would_hold
 
 
 def test_a_merge_that_would_not_be_finite_is_refused_and_changes_nothing() -> None:
-    replica = _adam_replica(make_rule("work", "outer"))
+    replica = _adam_replica(OuterRule(weighting=WorkRule()))
     _adam_step(replica, 1.0)
     snapshot = replica.snapshot()
     remote = {n: t.clone() for n, t in snapshot.state.items()}
