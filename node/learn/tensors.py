@@ -44,20 +44,10 @@ class ExchangedTensors(Mapping[str, torch.Tensor]):
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, optimizer_state: Sequence[str] = ()) -> None:
-        self._tensors: dict[str, torch.Tensor] = {}
-        self.aliases: dict[str, str] = {}  # a tied name -> the name it travels under
+        # `aliases`: a tied name -> the name it travels under
+        self._tensors, self.aliases = untie({n: t for n, t in model.state_dict().items() if t.is_floating_point()})
         self.decay: dict[str, float] = {}
         self.nonnegative: set[str] = set()
-        seen: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], str] = {}
-        for name, tensor in model.state_dict().items():
-            if not tensor.is_floating_point():
-                continue
-            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
-            if tensor.numel() and key in seen:  # empty tensors share no data, whatever their pointer
-                self.aliases[name] = seen[key]
-                continue
-            seen[key] = name
-            self._tensors[name] = tensor
         if optimizer_state:
             if optimizer is None:
                 raise UnsupportedOptimizerState("optimizer state was requested without an optimizer")
@@ -73,6 +63,22 @@ class ExchangedTensors(Mapping[str, torch.Tensor]):
 
     def __len__(self) -> int:
         return len(self._tensors)
+
+
+def untie(state: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """`state` with the tensors that share storage (tied weights) kept once, under the first name, and
+    {each dropped name: the name it aliases}."""
+    kept: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], str] = {}
+    for name, tensor in state.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
+        if tensor.numel() and key in seen:  # empty tensors share no data, whatever their pointer
+            aliases[name] = seen[key]
+            continue
+        seen[key] = name
+        kept[name] = tensor
+    return kept, aliases
 
 
 def _decays(optimizer: torch.optim.Optimizer, group: dict) -> dict[str, float]:

@@ -9,7 +9,6 @@ does; `load` ties them back. Reading never changes the data dir, so a running no
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -21,6 +20,7 @@ from safetensors.torch import load_file
 from safetensors.torch import save as serialize
 
 from murmur.node.learn.checkpoint import CorruptCheckpoint, newest_first, read_checkpoint
+from murmur.node.learn.tensors import untie
 from murmur.node.ops.node import CHECKPOINT_DIR
 
 WEIGHTS = ("average", "live")
@@ -57,28 +57,13 @@ def newest_model(data_dir: Path, weights: str = "average") -> tuple[dict[str, to
     raise ExportError(f"no checkpoint in {directory}: run the node until it writes one (--checkpoint-every), or give --data-dir")
 
 
-def untie(model: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """`model` with each group of tensors that share storage kept once, and {dropped name: kept name}."""
-    kept: dict[str, torch.Tensor] = {}
-    tied: dict[str, str] = {}
-    first: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], str] = {}
-    for name, tensor in model.items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
-        if tensor.numel() and key in first:
-            tied[name] = first[key]
-            continue
-        first.setdefault(key, name)
-        kept[name] = tensor.contiguous()
-    return kept, tied
-
-
 def save(model: dict[str, torch.Tensor], out: Path, metadata: dict[str, str]) -> dict[str, str]:
     """Write `model` to `out` as safetensors, tied tensors once, atomically; return {dropped name: kept name}.
 
     Raises `OSError` if `out` cannot be written; nothing is left behind then.
     """
     kept, tied = untie(model)
-    data = serialize(kept, metadata={**metadata, TIED_KEY: json.dumps(tied)})
+    data = serialize({name: t.contiguous() for name, t in kept.items()}, metadata={**metadata, TIED_KEY: json.dumps(tied)})
     tmp = out.with_name(f".{out.name}.tmp")
     try:
         with open(tmp, "wb") as f:
