@@ -125,7 +125,7 @@ async def test_an_exchange_counts_the_cpu_time_of_its_work_on_worker_threads_and
         assert outcome.cpu_s == pytest.approx(4 * 0.25 + 0.01)
 
 
-async def test_both_sides_hold_their_partner_alive_while_their_exchange_lasts() -> None:
+async def test_both_sides_hold_their_partner_alive_while_their_models_swap() -> None:
     async def slow(func: Callable[..., Any], *args: Any) -> Any:
         await anyio.sleep(0.2)
         return func(*args)
@@ -134,10 +134,13 @@ async def test_both_sides_hold_their_partner_alive_while_their_exchange_lasts() 
         a.know(b)
         b.know(a)
         a.steps(1)
-        b.averager.runtime = replace(b.averager.runtime, run_sync=slow)
+        for p in (a, b):
+            p.averager.runtime = replace(p.averager.runtime, run_sync=slow)
         async with anyio.create_task_group() as tg:
             tg.start_soon(a.averager.exchange_with, b.id, b.transport.addresses())
-            await anyio.sleep(0.1)
+            with anyio.fail_after(5):
+                while not (a.averager.table.exchanging and b.averager.table.exchanging):
+                    await anyio.sleep(0.01)
             assert a.averager.table.exchanging == {b.id: 1} and b.averager.table.exchanging == {a.id: 1}
         await settled(a, b)
         assert not a.averager.table.exchanging and not b.averager.table.exchanging

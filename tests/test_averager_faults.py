@@ -52,6 +52,7 @@ async def test_a_busy_partner_answers_at_once_and_the_initiator_tries_another() 
             with anyio.fail_after(TIMEOUT / 2):
                 while not b.averager.in_exchange:
                     await anyio.lowlevel.checkpoint()
+            assert not b.averager.table.exchanging  # an attempt nobody answered keeps nobody alive
             start = anyio.current_time()
             busy = await a.averager.exchange_with(b.id, b.transport.addresses())
             assert (busy.result, busy.reason) == (Result.BUSY, "already in an exchange")

@@ -15,7 +15,7 @@ import functools
 import logging
 import random
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -224,12 +224,13 @@ class Averager:
 
     async def _merge(self, conv: Conversation, attempt: _Attempt, snapshot: Snapshot, claimed: _Claimed, *, initiator: bool) -> Outcome:
         """Swap models, vet the partner's, commit (responder first) and apply the rule's merge."""
-        try:
-            remote = await self._swap(conv, attempt, snapshot.state)
-        except ProtocolError as exc:
-            with contextlib.suppress(ProtocolError, TransportError):  # best effort: the error below is what counts
-                await conv.send(Abort(f"{type(exc).__name__}: {exc}"))
-            raise
+        with self._swapping_with(attempt.peer_id):
+            try:
+                remote = await self._swap(conv, attempt, snapshot.state)
+            except ProtocolError as exc:
+                with contextlib.suppress(ProtocolError, TransportError):  # best effort: the error below is what counts
+                    await conv.send(Abort(f"{type(exc).__name__}: {exc}"))
+                raise
         attempt.sent = self.replica.spec.wire_size(snapshot.state.dtype)
         decision, verdict = await self._vet(attempt, snapshot, remote, claimed)
         if decision is None:
@@ -260,7 +261,6 @@ class Averager:
         Every failure becomes a `failed` outcome with its reason (a hostile peer's also a
         strike) and resets the stream; cancellation resets it too, then propagates.
         """
-        self.table.exchanging[attempt.peer_id] += 1
         try:
             with anyio.fail_after(self.timeout_s):
                 outcome = await body(attempt, *args)
@@ -277,13 +277,20 @@ class Averager:
             if attempt.stream is not None:  # shutting down: tell the partner now rather than at its timeout
                 await attempt.stream.reset()
             raise
-        finally:
-            self.table.exchanging[attempt.peer_id] -= 1
-            if not self.table.exchanging[attempt.peer_id]:
-                del self.table.exchanging[attempt.peer_id]
         if attempt.stream is not None:
             await attempt.stream.reset()
         return self._record(attempt.outcome(Result.FAILED, reason, self.runtime))
+
+    @contextlib.contextmanager
+    def _swapping_with(self, peer_id: str) -> Iterator[None]:
+        """Hold `peer_id` a member while its model arrives (see `PeerTable.exchanging`)."""
+        self.table.exchanging[peer_id] += 1
+        try:
+            yield
+        finally:
+            self.table.exchanging[peer_id] -= 1
+            if not self.table.exchanging[peer_id]:
+                del self.table.exchanging[peer_id]
 
     async def _offence(self, peer_id: str, reason: str) -> None:
         """Strike `peer_id`; once banned, forget it and hang up."""

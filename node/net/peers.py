@@ -54,9 +54,10 @@ class PeerTable:
     candidates: dict[str, list[str]] = field(default_factory=dict)
     dormant: dict[str, list[str]] = field(default_factory=dict)
     _backoff: dict[str, _Backoff] = field(default_factory=dict)
-    # Members in an exchange with this node (open exchanges per peer): their bytes are arriving, so they are
-    # alive however long the transfer takes over their link, while their hellos queue behind it; the
-    # exchange's own timeout bounds how long that lasts.
+    # Members that answered an exchange with this node and are now swapping models with it (open exchanges per
+    # peer): their bytes are arriving, so they are alive however long the transfer takes over their link, while
+    # their hellos queue behind it; the exchange's own timeout bounds how long that lasts. An attempt the
+    # partner never answered proves nothing, so a dead peer still expires while attempts on it time out.
     exchanging: Counter[str] = field(default_factory=Counter)
     view_size: int | None = None
     view: PartialView | None = field(default=None, init=False)
