@@ -23,6 +23,9 @@ Variants (comma-separated; `*LR` multiplies the task's learning rate, e.g. `aver
                         swarm loses at equal samples comes from models drifting apart between merges (H > 1).
                         With Adam(W) each replica normalises its steps by its own batch's gradient statistics,
                         so even `mean:1` differs from sync's N-batch step at the same learning rate
+  delta:DENSITY:BITS[:LR]  compressed delta gossip: at each merge both sides publish the top DENSITY of their
+                        unpublished progress in BITS bits (2, 4 or 8), for every model to add LR/N of (default
+                        1/N for N peers: their mean progress), and swap the deltas the other lacks
   ...+adam-avg          the pair also averages Adam's moments (`+adam-avg1`: only the first, exp_avg);
                         `+adam-reset` restarts them after a merge
 
@@ -45,11 +48,12 @@ from pathlib import Path
 import torch
 
 from lab.outer_merge import DISCOUNT, OuterRule
-from lab.replicas import Gossip, Method, Sync, Synced, run, with_optimizer
+from lab.replicas import DeltaGossip, Gossip, Method, Sync, Synced, run, with_optimizer
+from murmur.node.learn.deltas import Compression
 from murmur.node.learn.rules import MergeRule, WorkRule, make_rule
 from murmur.node.learn.tasks import Task, load_task
 
-MERGES = ("sync", "average", "outer", "diloco", "mean")
+MERGES = ("sync", "average", "outer", "diloco", "mean", "delta")
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ class Variant:
     outer_momentum: float = 0.9
     outer_discount: float = DISCOUNT
     adam: str = "keep"  # what a merge does to Adam's moments: keep, avg, avg1 (exp_avg only) or reset
+    compression: Compression | None = None  # delta's
 
     @classmethod
     def parse(cls, text: str) -> "Variant":
@@ -71,10 +76,13 @@ class Variant:
         body, _, adam = text.partition("+adam-")
         body, _, scale = body.partition("*")
         merge, *hyper = body.split(":")
-        arity = {"sync": 0, "average": 0, "outer": 3, "diloco": 3, "mean": 1}
+        arity = {"sync": 0, "average": 0, "outer": 3, "diloco": 3, "mean": 1, "delta": 3}
         if merge not in MERGES or len(hyper) > arity[merge] or adam not in ("", "keep", "avg", "avg1", "reset") \
-                or (merge == "mean" and len(hyper) != 1):
+                or (merge == "mean" and len(hyper) != 1) or (merge == "delta" and len(hyper) < 2):
             raise ValueError(f"unknown variant {text!r}; see the module docstring")
+        if merge == "delta":
+            return cls(text, merge, float(scale or 1.0), outer_lr=float(hyper[2]) if len(hyper) > 2 else 1.0,
+                       compression=Compression(float(hyper[0]), int(hyper[1])))
         if merge == "mean":
             return cls(text, merge, float(scale or 1.0), int(hyper[0]), outer_lr=1.0, outer_momentum=0.0, adam=adam or "keep")
         names = ("local_steps", "outer_lr", "outer_momentum") if merge == "diloco" else ("outer_lr", "outer_momentum", "outer_discount")
@@ -89,6 +97,9 @@ def method(
     shards = [1000 * seed + i for i in range(len(slowdowns))]
     if variant.merge == "sync":
         return Sync(task, shards, variant.lr_scale, ema_decay)
+    if variant.merge == "delta":
+        assert variant.compression is not None
+        return DeltaGossip(task, slowdowns, shards, variant.compression, seed, period, variant.outer_lr, variant.lr_scale, ema_decay)
     if variant.merge in ("diloco", "mean"):
         return Synced(task, shards, variant.local_steps, variant.outer_lr, variant.outer_momentum, variant.lr_scale, ema_decay)
 
@@ -125,9 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     for seed in range(args.seeds):  # seeds outer, variants inner: interleaved
         for variant in variants:
             began = time.monotonic()
-            curve = run(method(task, variant, slowdowns, seed, args.period, args.lag, args.ema_decay), args.samples, args.eval_every)
+            runner = method(task, variant, slowdowns, seed, args.period, args.lag, args.ema_decay)
+            curve = run(runner, args.samples, args.eval_every)
             row = {"variant": variant.name, "seed": seed, "samples": curve.samples, "metric": curve.metric,
                    "final": curve.metric[-1], "wall_s": round(time.monotonic() - began, 1)}
+            if isinstance(runner, DeltaGossip):  # what a merge sends, against the model's float32 bytes
+                row["sent_share_per_exchange"] = runner.sent_bytes / max(1, runner.exchanges) / (4 * runner.spec.numel)
+                row["deltas_per_exchange"] = runner.sent / max(1, runner.exchanges)
             if args.target is not None:
                 row["samples_to_target"] = curve.samples_to(args.target, task.metric)
             rows.append(row)

@@ -8,6 +8,7 @@ and is scored against the total samples all its replicas processed:
             pseudo-gradient (DiLoCo; with outer lr 1 and no momentum, the exact mean of their parameters);
   `Gossip`  real `TrainingLoop`s at emulated speeds on an event-time grid, each merging with a random
             partner by the node's own rule and merge code, as `Averager` would, instantly or with a lag.
+  `DeltaGossip`  the same, merging by compressed delta gossip (`murmur.node.learn.deltas`).
 
 `run` steps a method to a sample budget and records its `Curve`. The simulator's all-reduce
 baseline steps a `Sync` too.
@@ -26,12 +27,14 @@ from typing import Any, Protocol
 import torch
 
 from murmur.node.learn.loop import TrainingLoop
-from murmur.node.learn.replica import Replica, Snapshot
-from murmur.node.learn.rules import MergeRule
+from murmur.node.learn.deltas import Compression
+from murmur.node.learn.replica import Published, Replica, Snapshot
+from murmur.node.learn.rules import MergeRule, make_rule
 from murmur.node.learn.step import scale_learning_rate, train_step
 from murmur.node.learn.tasks import Task
 from murmur.node.learn.tasks.task import Metric
 from murmur.node.learn.weight_average import WeightAverage
+from murmur.protocol.sparse import sparse_size
 
 
 class Method(Protocol):
@@ -188,7 +191,7 @@ class Gossip:
         period: float, lag: float = 0.0, reset_adam: bool = False, lr_scale: float = 1.0, ema_decay: float = 0.0,
     ) -> None:
         self.task, self.slowdowns, self.period, self.lag, self.reset_adam = task, slowdowns, period, lag, reset_adam
-        self.loops = [TrainingLoop(task, shard=shard, rule=rule(), ema_decay=ema_decay) for shard in shards]
+        self.loops = [self._loop(task, shard, rule(), ema_decay) for shard in shards]
         for loop in self.loops:
             scale_learning_rate(loop.replica.optimizer, lr_scale)
         self._rng = random.Random(seed)
@@ -199,6 +202,9 @@ class Gossip:
         self._events += [(period * (i + 1) / n, START_MERGE, i, None) for i in range(n)]
         heapq.heapify(self._events)
         self._in_merge: set[int] = set()
+
+    def _loop(self, task: Task, shard: int, rule: MergeRule, ema_decay: float) -> TrainingLoop:
+        return TrainingLoop(task, shard=shard, rule=rule, ema_decay=ema_decay)
 
     def step(self) -> int:
         t, kind, i, merge = heapq.heappop(self._events)
@@ -211,7 +217,7 @@ class Gossip:
             heapq.heappush(self._events, (t + self.period, START_MERGE, i, None))
             pair = self.loops[i].replica, self.loops[partner].replica
             if not self.lag:
-                merge_pair(*pair, self.reset_adam)
+                self._merge_now(i, partner)
             elif not self._in_merge & {i, partner}:
                 self._in_merge |= {i, partner}
                 heapq.heappush(self._events, (t + self.lag, END_MERGE, i, (partner, (pair[0].snapshot(), pair[1].snapshot()))))
@@ -221,5 +227,47 @@ class Gossip:
         self._in_merge -= {i, partner}
         return 0
 
+    def _merge_now(self, i: int, partner: int) -> None:
+        merge_pair(self.loops[i].replica, self.loops[partner].replica, self.reset_adam)
+
     def score(self) -> float:
         return statistics.median(loop.evaluate().metrics[self.task.metric.name] for loop in self.loops)
+
+
+class DeltaGossip(Gossip):
+    """`Gossip`'s replicas and schedule, merging by delta gossip (`murmur.node.learn.deltas`): at each
+    exchange both sides publish their progress compressed by `compression`, at scale `outer_lr`/N, then each
+    applies the deltas it has and the other lacks. Merges are instant (no lag).
+
+    `sent` counts the deltas and `sent_bytes` their encoded bytes, over `exchanges`.
+    """
+
+    def __init__(self, task: Task, slowdowns: Sequence[float], shards: Sequence[int], compression: Compression, seed: int,
+                 period: float, outer_lr: float = 1.0, lr_scale: float = 1.0, ema_decay: float = 0.0) -> None:
+        self._compression = compression
+        self._scale = min(1.0, outer_lr / len(slowdowns))
+        super().__init__(task, slowdowns, shards, lambda: make_rule("work"), seed, period, 0.0, False, lr_scale, ema_decay)
+        start = self.loops[0].replica.model.state_dict()
+        for loop in self.loops:  # one common start, as state sync gives a swarm
+            loop.replica.model.load_state_dict(start)
+            assert loop.replica.deltas is not None
+            loop.replica.deltas.reset(loop.replica.exchanged)
+        self._published: list[Published] = []
+        self._has: list[set[int]] = [set() for _ in self.loops]
+        self.sent = self.sent_bytes = self.exchanges = 0
+        self.spec = self.loops[0].replica.spec
+
+    def _loop(self, task: Task, shard: int, rule: MergeRule, ema_decay: float) -> TrainingLoop:
+        return TrainingLoop(task, shard=shard, rule=rule, ema_decay=ema_decay, compression=self._compression)
+
+    def _merge_now(self, i: int, partner: int) -> None:
+        for k in (i, partner):
+            self._published.append(self.loops[k].replica.publish(self._scale))
+            self._has[k].add(len(self._published) - 1)
+        for giver, taker in ((i, partner), (partner, i)):
+            for n in sorted(self._has[giver] - self._has[taker]):
+                self.loops[taker].replica.absorb(self._published[n])
+                self._has[taker].add(n)
+                self.sent += 1
+                self.sent_bytes += sparse_size(self._published[n].delta, self._compression.bits)
+        self.exchanges += 1

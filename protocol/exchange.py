@@ -7,7 +7,7 @@ may send or receive in each state; anything else raises `LocalProtocolError` (ou
 bug) or `ProtocolViolation` (the peer's), naming the message, role and state. Frame
 sizes are checked from the header, before the body is buffered.
 
-A `Params` announcement is followed by exactly its `size` bytes in `Chunk` frames,
+A `Params` (or `Delta`) announcement is followed by exactly its `size` bytes in `Chunk` frames,
 which the machine counts per direction: a chunk nobody announced, one that overruns
 the announcement, or any other message (`Abort` excepted) before the announced bytes
 are complete is a violation. Averaging is full duplex: after `Accept`, both sides
@@ -36,6 +36,8 @@ from murmur.protocol.messages import (
     Busy,
     Chunk,
     Commit,
+    Delta,
+    Digest,
     Hello,
     Message,
     Offer,
@@ -71,10 +73,12 @@ I, R = Role.INITIATOR, Role.RESPONDER
 
 @dataclass(frozen=True)
 class Flow:
-    """A protocol's transition table, keyed by (state, sender, message type)."""
+    """A protocol's transition table, keyed by (state, sender, message type), and the messages a
+    side may send while the other still owes announced bytes (`crossing`; `Abort` always may)."""
 
     name: str
     table: Table
+    crossing: tuple[type[Message], ...] = (Params,)
 
 
 AVERAGE = Flow(
@@ -102,6 +106,27 @@ PEER_EXCHANGE = Flow(
     },
 )
 
+# Both sides state what they hold, then each streams the deltas the other lacks, in any number,
+# and commits once it has sent them all; the conversation is done when both have committed.
+GOSSIP = Flow(
+    "gossip",
+    {
+        (START, I, Digest): "digested",
+        ("digested", R, Digest): "swapping",
+        ("digested", R, Busy): CLOSED,
+        ("digested", R, Refuse): CLOSED,
+        ("swapping", I, Delta): "swapping",
+        ("swapping", R, Delta): "swapping",
+        ("swapping", I, Commit): "initiator_sent",
+        ("swapping", R, Commit): "responder_sent",
+        ("initiator_sent", R, Delta): "initiator_sent",
+        ("initiator_sent", R, Commit): DONE,
+        ("responder_sent", I, Delta): "responder_sent",
+        ("responder_sent", I, Commit): DONE,
+    },
+    crossing=(Delta, Commit),
+)
+
 STATE_SYNC = Flow(
     "state-sync",
     {
@@ -116,8 +141,8 @@ STATE_SYNC = Flow(
 class Exchange:
     """One side of one conversation of `flow`, as a pure state machine.
 
-    `max_params_bytes` caps the size a peer's `Params` may announce (set it to the
-    local model's wire size); `Chunk` frames are capped at `MAX_CHUNK_BYTES` and every
+    `max_params_bytes` caps the size a peer's `Params` or `Delta` may announce (set it to
+    the local model's wire size, or the largest delta accepted); `Chunk` frames are capped at `MAX_CHUNK_BYTES` and every
     other frame at `MAX_CONTROL_BYTES`. Either side may send `Abort` at any time
     before the conversation ends.
     """
@@ -169,8 +194,9 @@ class Exchange:
         body = bytes(self._buffer[FRAME_HEADER.size : end])
         del self._buffer[:end]
         message = decode_body(type_code, body)
-        if isinstance(message, Params) and message.size > self._max_params_bytes:
-            raise FrameTooLarge(f"{self.flow.name}: Params announces {message.size} bytes, limit {self._max_params_bytes}")
+        if isinstance(message, _ANNOUNCING) and message.size > self._max_params_bytes:
+            name = type(message).__name__
+            raise FrameTooLarge(f"{self.flow.name}: {name} announces {message.size} bytes, limit {self._max_params_bytes}")
         self._advance(message, _peer_of(self.role), ProtocolViolation)
         return message
 
@@ -194,10 +220,10 @@ class Exchange:
         if owed:
             raise error(f"{self.flow.name}: {type(message).__name__} from {sender.value} with {owed} parameter bytes still owed")
         other_owed = self._owed[_peer_of(sender)]
-        if other_owed and not isinstance(message, (Params, Abort)):  # only Params may cross the other stream
+        if other_owed and not isinstance(message, (Abort, *self.flow.crossing)):
             raise error(f"{self.flow.name}: {type(message).__name__} from {sender.value} while {other_owed} parameter bytes are still due to it")
         self.state = self._transition(message, sender, error)
-        if isinstance(message, Params):
+        if isinstance(message, _ANNOUNCING):
             self._owed[sender] = message.size
 
     def _transition(self, message: Message, sender: Role, error: type[Exception]) -> str:
@@ -209,6 +235,9 @@ class Exchange:
         if next_state is None:
             raise error(f"{self.flow.name}: {type(message).__name__} from {sender.value} not allowed in state {self.state!r}")
         return next_state
+
+
+_ANNOUNCING = (Params, Delta)  # messages followed by exactly `size` bytes of `Chunk`s
 
 
 def _peer_of(role: Role) -> Role:

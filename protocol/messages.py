@@ -28,7 +28,10 @@ MAX_RATE = 1e12  # samples/s: a bound for the type, far above any real peer
 MAX_PARAMS_SIZE = 1 << 40  # a bound for the type; each receiver caps by its own model
 MAX_CHUNK_BYTES = 1 << 20
 MAX_LAYOUT_ENTRIES = 4096  # tensors a `Refuse` may describe (a frame's 64 KiB bounds it first)
+MAX_ORIGINS = 256  # delta origins a `Digest` or `StateReply` may list
+MAX_SEQ = 1 << 53  # a delta's sequence number: exact in JSON's doubles
 WIRE_DTYPE_NAMES = ("float32", "bfloat16", "float16", "int8")
+SPARSE_BITS = (2, 4, 8)  # the bit widths a delta's values may travel in (`murmur.protocol.sparse`)
 
 
 def _check_text(name: str, value: Any, limit: int = MAX_TEXT) -> None:
@@ -331,19 +334,78 @@ class StateRequest(Message):
         _check_wire_dtype("wire_dtype", self.wire_dtype)
 
 
+def _check_versions(value: Any) -> None:
+    """`versions`: {origin: highest delta sequence number held}, bounded."""
+    if not isinstance(value, dict) or len(value) > MAX_ORIGINS:
+        raise MalformedMessage(f"field 'versions' must be an object of at most {MAX_ORIGINS} origins")
+    for origin, seq in value.items():
+        _check_text("versions", origin, 32)
+        if not isinstance(seq, int) or isinstance(seq, bool) or not 0 < seq <= MAX_SEQ:
+            raise MalformedMessage(f"field 'versions' must map origins to integers in [1, {MAX_SEQ}], got {seq!r}")
+
+
 @dataclass(frozen=True)
 class StateReply(Message):
-    """State sync: the work weight of the parameters that follow in a `Params`."""
+    """State sync: the work weight of the parameters that follow in a `Params`, and, from a
+    swarm that gossips deltas, the deltas that model holds (`versions`, as in `Digest`)."""
 
     TYPE: ClassVar[int] = 10
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"versions"})
     work: float
+    versions: dict[str, int] | None = None
 
     def __post_init__(self) -> None:
         _check_work("work", self.work)
+        if self.versions is not None:
+            _check_versions(self.versions)
+
+
+@dataclass(frozen=True)
+class Digest(Message):
+    """Delta gossip: which task, the bits deltas travel in, and the deltas the sender's model holds
+    (the highest sequence number per origin), so the other side sends only what it lacks."""
+
+    TYPE: ClassVar[int] = 12
+    run_id: str
+    fingerprint: str
+    bits: int
+    versions: dict[str, int]
+
+    def __post_init__(self) -> None:
+        _check_text("run_id", self.run_id, 128)
+        _check_text("fingerprint", self.fingerprint, 128)
+        if self.bits not in SPARSE_BITS or isinstance(self.bits, bool):
+            raise MalformedMessage(f"field 'bits' must be one of {list(SPARSE_BITS)}, got {self.bits!r}")
+        _check_versions(self.versions)
+
+
+@dataclass(frozen=True)
+class Delta(Message):
+    """Delta gossip: announces delta `seq` of `origin` (see `murmur.protocol.sparse`), which every
+    model adds `scale` of, with the work that share carries; exactly `size` bytes follow in `Chunk`s."""
+
+    TYPE: ClassVar[int] = 13
+    origin: str
+    seq: int
+    scale: float
+    work: float
+    size: int
+
+    def __post_init__(self) -> None:
+        _check_text("origin", self.origin, 32)
+        if not isinstance(self.seq, int) or isinstance(self.seq, bool) or not 0 < self.seq <= MAX_SEQ:
+            raise MalformedMessage(f"field 'seq' must be an integer in [1, {MAX_SEQ}], got {self.seq!r}")
+        ok = isinstance(self.scale, (int, float)) and not isinstance(self.scale, bool)
+        if not ok or not 0 < self.scale <= 1:
+            raise MalformedMessage(f"field 'scale' must be a number in (0, 1], got {self.scale!r}")
+        _check_work("work", self.work)
+        if not isinstance(self.size, int) or isinstance(self.size, bool) or not 0 <= self.size <= MAX_PARAMS_SIZE:
+            raise MalformedMessage(f"field 'size' must be an integer in [0, {MAX_PARAMS_SIZE}], got {self.size!r}")
 
 
 MESSAGE_TYPES: dict[int, type[Message]] = {
-    cls.TYPE: cls for cls in (Hello, Refuse, Offer, Accept, Busy, Params, Chunk, Commit, Abort, StateRequest, StateReply)
+    cls.TYPE: cls
+    for cls in (Hello, Refuse, Offer, Accept, Busy, Params, Chunk, Commit, Abort, StateRequest, StateReply, Digest, Delta)
 }
 
 

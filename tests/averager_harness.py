@@ -14,6 +14,7 @@ import torch
 from murmur.node.averaging.averager import Averager
 from murmur.node.averaging.factory import build_averager
 from murmur.node.averaging.outcome import Result
+from murmur.node.learn.deltas import Compression
 from murmur.node.learn.loop import TrainingLoop
 from murmur.node.learn.replica import Replica
 from murmur.node.learn.rules import MergeRule
@@ -61,10 +62,12 @@ class Peer:
 def make_peer(
     net: MemoryNetwork, name: str, shard: int, *, run_id: str = "digits", wire_dtype: str = "float32",
     bans: BanList | None = None, transport: MemoryTransport | None = None, rule: MergeRule | None = None,
+    compression: Compression | None = None,
 ) -> Peer:  # fmt: skip
-    """A digits peer called `name` on `net`, its averager built as the node builds it, on simulated time."""
+    """A digits peer called `name` on `net`, its averager built as the node builds it, on simulated time
+    (a delta gossiper with `compression`)."""
     transport = FaultInjector(transport or net.transport(name))
-    loop = TrainingLoop(DigitsTask(), shard=shard, rule=rule)
+    loop = TrainingLoop(DigitsTask(), shard=shard, rule=rule, compression=compression)
     averager = build_averager(
         transport, loop.replica, run_id=run_id, table=PeerTable(name, liveness_timeout=1e9), bans=bans,
         rng=random.Random(shard), exchange_timeout=TIMEOUT, min_link_mbit=math.inf,  # timeouts: exactly TIMEOUT

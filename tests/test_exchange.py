@@ -20,6 +20,7 @@ from murmur.protocol.exchange import (
     AVERAGE,
     CLOSED,
     DONE,
+    GOSSIP,
     NEED_DATA,
     PEER_EXCHANGE,
     START,
@@ -37,6 +38,8 @@ from murmur.protocol.messages import (
     Busy,
     Chunk,
     Commit,
+    Delta,
+    Digest,
     Hello,
     Message,
     Offer,
@@ -168,6 +171,57 @@ def test_averaging_is_full_duplex_in_either_order_with_interleaved_chunks() -> N
     _deliver(sides, R, Commit())
     _deliver(sides, I, Commit())
     assert sides[I].finished and sides[R].finished
+
+
+DIGEST = Digest("run", "fp", 2, {"o1": 3})
+DELTA = Delta("o1", 4, 0.25, 8.0, 8)
+
+
+def test_gossip_swaps_any_number_of_deltas_each_way_full_duplex_and_ends_when_both_commit() -> None:
+    sides = _run(GOSSIP, [(I, DIGEST), (R, Digest("run", "fp", 2, {}))])
+    assert sides[I].state == sides[R].state == "swapping"
+    for sender, message in [
+        (I, DELTA), (R, DELTA), (I, Chunk(b"i" * 3)), (R, Chunk(b"r" * 8)),  # both streams at once
+        (R, Commit()),  # the responder sent all it had while the initiator's bytes still flow
+        (I, Chunk(b"i" * 5)), (I, Delta("o2", 1, 1.0, 0.0, 8)), (I, Chunk(b"j" * 8)),
+    ]:
+        assert _deliver(sides, sender, message) == message
+    assert sides[I].state == sides[R].state == "responder_sent"
+    _deliver(sides, I, Commit())
+    assert sides[I].finished and sides[R].finished
+
+
+def test_gossip_with_nothing_to_send_is_two_digests_and_two_commits() -> None:
+    sides = _run(GOSSIP, [(I, DIGEST), (R, DIGEST), (I, Commit()), (R, Commit())])
+    assert sides[I].state == sides[R].state == DONE
+
+
+@pytest.mark.parametrize("answer", [Busy("busy"), Refuse("another task")])
+def test_gossip_busy_or_refused_ends_closed(answer: Message) -> None:
+    sides = _run(GOSSIP, [(I, DIGEST), (R, answer)])
+    assert sides[I].state == sides[R].state == CLOSED
+
+
+def test_gossip_breaks_are_violations() -> None:
+    sides = _run(GOSSIP, [(I, DIGEST), (R, DIGEST), (I, DELTA)])
+    sides[R].receive_data(encode_frame(Commit()))  # the delta's announced bytes are still owed
+    with pytest.raises(ProtocolViolation, match="gossip: Commit from initiator with 8 parameter bytes still owed"):
+        sides[R].next_event()
+    sides = _run(GOSSIP, [(I, DIGEST), (R, DIGEST), (I, Commit())])
+    sides[R].receive_data(encode_frame(DELTA))  # nothing may follow a side's commit
+    with pytest.raises(ProtocolViolation, match="gossip: Delta from initiator not allowed in state 'initiator_sent'"):
+        sides[R].next_event()
+    sides = _run(GOSSIP, [(I, DIGEST)])
+    sides[I].receive_data(encode_frame(DELTA))  # deltas only after both digests
+    with pytest.raises(ProtocolViolation, match="gossip: Delta from responder not allowed in state 'digested'"):
+        sides[I].next_event()
+
+
+def test_a_delta_announcing_more_than_the_cap_is_too_large() -> None:
+    sides = _run(GOSSIP, [(I, DIGEST), (R, DIGEST)])
+    sides[R].receive_data(encode_frame(Delta("o", 1, 1.0, 0.0, MAX_PARAMS + 1)))
+    with pytest.raises(FrameTooLarge, match=f"gossip: Delta announces {MAX_PARAMS + 1} bytes, limit {MAX_PARAMS}"):
+        sides[R].next_event()
 
 
 def test_peer_exchange_completes() -> None:

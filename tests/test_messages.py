@@ -13,6 +13,7 @@ from murmur.protocol.errors import MalformedMessage, RemoteProtocolError
 from murmur.protocol.messages import (
     FRAME_HEADER,
     MAX_ADDRS,
+    MAX_ORIGINS,
     MAX_PARAMS_SIZE,
     MAX_PARTNERS,
     MAX_PEERS_PER_HELLO,
@@ -25,6 +26,8 @@ from murmur.protocol.messages import (
     Busy,
     Chunk,
     Commit,
+    Delta,
+    Digest,
     Hello,
     Message,
     Offer,
@@ -60,6 +63,10 @@ EXAMPLES: list[Message] = [
     StateRequest("run-1", "abc"),
     StateRequest("run-1", "abc", "int8"),
     StateReply(0.25),
+    StateReply(0.25, {"a1b2c3d4e5f60718": 3}),
+    Digest("run-1", "abc", 2, {"a1b2c3d4e5f60718": 3, "ffeeddccbbaa9988": 1}),
+    Digest("run-1", "abc", 8, {}),
+    Delta("a1b2c3d4e5f60718", 4, 0.25, 96.0, 12_345),
 ]
 
 
@@ -105,6 +112,10 @@ def test_hello_peers_decode_into_peer_records() -> None:
 def test_hello_accepts_dict_peers_on_construction() -> None:
     hello = Hello("r", "f", [], [{"peer_id": "p", "addrs": ["/a"]}])  # type: ignore[list-item]
     assert hello.peers == [PeerRecord("p", ["/a"])]
+
+
+def test_a_state_reply_without_versions_is_byte_for_byte_what_older_peers_send() -> None:
+    assert StateReply(0.25).body() == b'{"work":0.25}'
 
 
 def test_chunk_body_is_the_raw_payload() -> None:
@@ -167,6 +178,21 @@ def test_any_valid_message_round_trips(message: Message) -> None:
         (Hello.TYPE, _body(**_hello_fields(leaving="yes")), "leaving"),
         (Hello.TYPE, _body(**_hello_fields(leaving=0)), "leaving"),
         (Hello.TYPE, _body(**_hello_fields(run_id="r" * 129)), "run_id"),
+        (Digest.TYPE, _body(run_id="r", fingerprint="f", bits=3, versions={}), "bits"),
+        (Digest.TYPE, _body(run_id="r", fingerprint="f", bits=True, versions={}), "bits"),
+        (Digest.TYPE, _body(run_id="r", fingerprint="f", bits=2, versions=[]), "versions"),
+        (Digest.TYPE, _body(run_id="r", fingerprint="f", bits=2, versions={"o": 0}), "versions"),
+        (Digest.TYPE, _body(run_id="r", fingerprint="f", bits=2, versions={"o": 1.5}), "versions"),
+        (Digest.TYPE, _body(run_id="r", fingerprint="f", bits=2, versions={"o" * 33: 1}), "versions"),
+        (Digest.TYPE, _body(run_id="r", fingerprint="f", bits=2, versions={f"o{i}": 1 for i in range(MAX_ORIGINS + 1)}), "versions"),
+        (StateReply.TYPE, _body(work=1, versions={"o": -1}), "versions"),
+        (Delta.TYPE, _body(origin="o", seq=0, scale=0.5, work=1, size=8), "seq"),
+        (Delta.TYPE, _body(origin="o", seq=2**53 + 1, scale=0.5, work=1, size=8), "seq"),
+        (Delta.TYPE, _body(origin="o", seq=1, scale=0, work=1, size=8), "scale"),
+        (Delta.TYPE, _body(origin="o", seq=1, scale=1.5, work=1, size=8), "scale"),
+        (Delta.TYPE, _body(origin="o", seq=1, scale="0.5", work=1, size=8), "scale"),
+        (Delta.TYPE, _body(origin="o", seq=1, scale=0.5, work=1, size=-8), "size"),
+        (Delta.TYPE, _body(origin=["o"], seq=1, scale=0.5, work=1, size=8), "origin"),
     ],
 )
 def test_bad_field_is_rejected_by_name(type_code: int, body: bytes, field: str) -> None:
@@ -234,7 +260,7 @@ def test_non_utf8_body_is_rejected() -> None:
         decode_body(Busy.TYPE, b'{"reason": "\xff\xfe"}')
 
 
-@pytest.mark.parametrize("type_code", [0, 12, 42, 255])
+@pytest.mark.parametrize("type_code", [0, 14, 42, 255])
 def test_unknown_type_code_is_rejected(type_code: int) -> None:
     with pytest.raises(MalformedMessage, match=f"unknown message type {type_code}"):
         decode_body(type_code, b"{}")

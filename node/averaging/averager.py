@@ -76,8 +76,10 @@ class Averager:
 
     The merge itself is the replica's rule's; the partner's work claim goes through
     `claims` and its model through `screening`, both passed in. Clocks and worker
-    threads come from `runtime`.
+    threads come from `runtime`. Exchanges run over `protocol`.
     """
+
+    protocol = AVERAGE_PROTOCOL
 
     def __init__(
         self,
@@ -113,6 +115,7 @@ class Averager:
         self.typical_exchange_cpu_s = 0.0  # and the CPU time they took
         self.last_partner_distance: float | None = None  # L2 to the last partner's model we accepted (metrics)
         self._max_params = max(replica.spec.wire_size(dtype) for dtype in WIRE_DTYPES)
+        self._exchange_timeout, self._min_link_mbit = exchange_timeout, min_link_mbit
         # A big model over a slow link needs more than a fixed timeout: give the transfer time at the slowest link
         # served, with room for what TCP, Noise and yamux add and for a link's goodput below its rated speed.
         self.timeout_s = exchange_timeout + LINK_OVERHEAD * self._max_params * 8 / (min_link_mbit * 1e6)
@@ -176,7 +179,7 @@ class Averager:
         await self._attempt(self._begin(stream.remote_peer, stream), self._respond)
 
     async def _initiate(self, attempt: _Attempt, addrs: list[str]) -> Outcome:
-        attempt.stream = await self.transport.open_stream(attempt.peer_id, addrs, AVERAGE_PROTOCOL)
+        attempt.stream = await self.transport.open_stream(attempt.peer_id, addrs, self.protocol)
         conv = Conversation(attempt.stream, Exchange(Role.INITIATOR, AVERAGE, max_params_bytes=self._max_params))
         snapshot = await self._compute(attempt, self.replica.snapshot, self.wire_dtype)
         fresh = self._stated_fresh(snapshot)

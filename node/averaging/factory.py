@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import random
 
-from murmur.node.averaging.averager import AVERAGE_PROTOCOL, Averager
+from murmur.node.averaging.averager import Averager
+from murmur.node.averaging.delta_gossip import DeltaGossiper
 from murmur.node.averaging.state_sync import STATE_PROTOCOL
 from murmur.node.learn.replica import Replica
 from murmur.node.learn.runtime import Runtime
@@ -30,13 +31,15 @@ def build_averager(
     claims: WorkClaimLimiter | None = None,
     runtime: Runtime = Runtime(),
 ) -> Averager:
-    """An `Averager` for `replica` over `transport`, serving the averaging and state-sync protocols.
+    """An `Averager` for `replica` over `transport`, serving the averaging and state-sync protocols
+    (a `DeltaGossiper`, serving delta gossip instead of averaging, for a replica with compression).
 
     Defaults: the run is the task's name, a `PeerTable` without liveness expiry beyond
     10 s, a fresh ban list, default screening and claim limits, and real clocks and
     threads. Raises `ValueError` for an unknown `wire_dtype`.
     """
-    averager = Averager(
+    kind = DeltaGossiper if replica.compression is not None else Averager
+    averager = kind(
         transport, replica,
         table if table is not None else PeerTable(transport.peer_id, liveness_timeout=10.0),
         TaskIdentity(run_id or replica.name, replica.fingerprint, replica.spec),
@@ -49,6 +52,6 @@ def build_averager(
         wire_dtype=wire_dtype,
         runtime=runtime,
     )  # fmt: skip
-    transport.set_handler(AVERAGE_PROTOCOL, averager.serve_exchange)
+    transport.set_handler(averager.protocol, averager.serve_exchange)
     transport.set_handler(STATE_PROTOCOL, averager.state_sync.serve)
     return averager

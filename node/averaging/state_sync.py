@@ -68,7 +68,7 @@ class StateSync:
                     log.warning("refused state sync from %s: %s", stream.remote_peer[-8:], mismatch)
                 else:
                     snapshot = await self.runtime.run_sync(self.replica.snapshot, request.wire_dtype)
-                    await conv.send(StateReply(snapshot.work))
+                    await conv.send(StateReply(snapshot.work, snapshot.versions))
                     await params.send_params(conv, snapshot.state, self.replica.spec)
                 await stream.close()
                 return
@@ -76,8 +76,8 @@ class StateSync:
             log.info("state sync for %s failed: %s", stream.remote_peer[-8:], exc or type(exc).__name__)
         await stream.reset()
 
-    async def fetch(self, peer_id: str, addrs: list[str]) -> tuple[WireState, float]:
-        """Download a peer's current model and its work, validated against ours.
+    async def fetch(self, peer_id: str, addrs: list[str]) -> tuple[WireState, StateReply]:
+        """Download a peer's current model and its reply (its work, and the deltas the model holds), validated against ours.
 
         Raises `TransportError`, `ProtocolError` (including `Refuse` as
         `StateSyncRefused`) or `TimeoutError`; the local model is not touched.
@@ -93,7 +93,7 @@ class StateSync:
                 assert isinstance(reply, StateReply)
                 state = await params.receive_params(conv, self.replica.spec, self.wire_dtype, self.runtime.run_sync)
                 await stream.close()
-                return state, reply.work
+                return state, reply
         except BaseException:
             await stream.reset()
             raise
@@ -114,14 +114,15 @@ class StateSync:
             tried.add(entry.peer_id)
             start = self.runtime.monotonic()
             try:
-                state, work = await self.fetch(entry.peer_id, entry.addrs)
+                state, reply = await self.fetch(entry.peer_id, entry.addrs)
             except (TimeoutError, ProtocolError, TransportError) as exc:
                 outcome = Outcome(Result.FAILED, entry.peer_id, f"{type(exc).__name__}: {exc}")
                 continue
-            if work < behind_ratio * self.replica.work:
-                return Outcome(Result.KEPT, entry.peer_id, f"peer's work {work:.0f} is not {behind_ratio:g}x ours ({self.replica.work:.0f})")
-            await self.runtime.run_sync(self.replica.adopt, state, work)
-            outcome = Outcome(Result.SYNCED, entry.peer_id, f"adopted a model of work {work:.0f}", self.runtime.monotonic() - start)
+            if reply.work < behind_ratio * self.replica.work:
+                reason = f"peer's work {reply.work:.0f} is not {behind_ratio:g}x ours ({self.replica.work:.0f})"
+                return Outcome(Result.KEPT, entry.peer_id, reason)
+            await self.runtime.run_sync(self.replica.adopt, state, reply.work, reply.versions)
+            outcome = Outcome(Result.SYNCED, entry.peer_id, f"adopted a model of work {reply.work:.0f}", self.runtime.monotonic() - start)
             log.info("state sync from %s: %s in %.3fs", entry.peer_id[-8:], outcome.reason, outcome.duration_s)
             return outcome
         return outcome

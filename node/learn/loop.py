@@ -16,6 +16,7 @@ import anyio
 import torch
 from torch import nn
 
+from murmur.node.learn.deltas import Compression
 from murmur.node.learn.device import check_mixed_precision, to_device
 from murmur.node.learn.replica import Replica
 from murmur.node.learn.rules import MergeRule
@@ -40,9 +41,10 @@ class TrainingLoop:
     def __init__(
         self, task: Task, shard: int, device: str | torch.device = "cpu", mixed_precision: bool = False,
         *, rule: MergeRule | None = None, runtime: Runtime = Runtime(), ema_decay: float = 0.0,
+        compression: Compression | None = None,
     ) -> None:
         """Build `task`'s model on `device` (an explicit one: see `murmur.node.learn.device.resolve_device`)
-        and its replica (`rule`, `ema_decay`: see `Replica`), to train on data shard `shard`.
+        and its replica (`rule`, `ema_decay`, `compression`: see `Replica`), to train on data shard `shard`.
 
         `mixed_precision` runs the forward pass and loss under bf16 autocast (parameters and
         optimizer state stay in their own dtype); raises `DeviceError` where that is refused.
@@ -55,7 +57,8 @@ class TrainingLoop:
         self.mixed_precision = mixed_precision
         self.runtime = runtime
         model = task.build_model().to(device)
-        self.replica = Replica(task.name, model, task.make_optimizer(model), rule=rule, ema_decay=ema_decay)
+        self.replica = Replica(task.name, model, task.make_optimizer(model), rule=rule, ema_decay=ema_decay,
+                               compression=compression)
         self._batches = task.train_batches(shard)
         self._eval_lock = threading.Lock()  # one evaluation at a time owns `_eval_model`
         self._eval_model: nn.Module | None = None

@@ -1,9 +1,10 @@
 """A replica: one peer's copy of the model, with its optimizer, work count and merge rule.
 
 The replica is what averaging touches: `snapshot`, `merge`, `adopt`, `checkpoint_state` and
-`restore`. It does not step itself; a loop does, and counts the work it did: the built-in
-loop (`murmur.node.learn.loop`) through `step`, a user's own loop (`murmur.Peer`) through
-`record`. Every access holds one lock, so a merge lands between two steps and never tears one.
+`restore`, and, with compression, delta gossip's `publish` and `absorb`. It does not step
+itself; a loop does, and counts the work it did: the built-in loop (`murmur.node.learn.loop`)
+through `step`, a user's own loop (`murmur.Peer`) through `record`. Every access holds one
+lock, so a merge lands between two steps and never tears one.
 
 Who may touch the model when is the owner's business: `access` runs the averaging side's
 calls (a `StepGate` hands them to the user's thread; by default they run on the calling
@@ -25,6 +26,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 from torch import nn
 
+from murmur.node.learn.deltas import Compression, DeltaReference, Published
 from murmur.node.learn.device import cpu_copy
 from murmur.node.learn.rules import MergeDelta, MergeRule, WorkRule
 from murmur.node.learn.tensors import ExchangedTensors
@@ -40,13 +42,15 @@ class Snapshot:
 
     `state[name]` reads a tensor as CPU float32 (see `WireState`). `fresh` is the part of
     `work` this peer trained itself since its model last merged (or was adopted). `steps`
-    counts the optimizer steps the replica had taken when the copy was made.
+    counts the optimizer steps the replica had taken when the copy was made. With compression,
+    `versions` names the deltas the copy holds (`DeltaReference.versions`).
     """
 
     state: WireState
     work: float
     fresh: float = 0.0
     steps: int = 0
+    versions: dict[str, int] | None = None
 
 
 class MergeRefused(ValueError):
@@ -98,6 +102,7 @@ class Replica:
     def __init__(
         self, name: str, model: nn.Module, optimizer: torch.optim.Optimizer, *,
         rule: MergeRule | None = None, ema_decay: float = 0.0, access: Access | None = None,
+        compression: Compression | None = None,
     ) -> None:
         """A replica of `model` (on one device; raises `ValueError` otherwise) stepped by `optimizer`.
 
@@ -106,7 +111,8 @@ class Replica:
         model. `ema_decay` > 0 keeps an average of the parameters over the last ~1/(1 − decay)
         steps, which is what `copy_model` gives and checkpoints hold (`WeightAverage`; raises
         `ValueError` outside [0, 1)). `access` runs `snapshot`, `merge`, `adopt`,
-        `checkpoint_state` and `restore` (default: on the calling thread).
+        `checkpoint_state` and `restore` (default: on the calling thread). `compression` keeps a
+        delta reference, so that the replica can `publish` its progress as compressed deltas.
         """
         self.name = name
         self.model = model
@@ -118,6 +124,8 @@ class Replica:
         self.exchanged = ExchangedTensors(model, optimizer, self.rule.optimizer_state)
         self.rule.reset(self.exchanged)  # a stateful rule starts from the initial model
         self.spec = TensorSpec.of(self.exchanged)
+        self.compression = compression
+        self.deltas = DeltaReference(self.exchanged) if compression else None
         self.architecture = " ".join(type(m).__name__ for m in model.modules())
         self._lock = threading.Lock()
         self.samples = 0  # samples this peer processed itself
@@ -177,7 +185,8 @@ class Replica:
 
     def _snapshot(self, wire_dtype: str) -> Snapshot:
         with self._lock:
-            return Snapshot(quantize(self.exchanged, self.spec, wire_dtype), self.work, self.fresh, self.steps)
+            versions = dict(self.deltas.versions) if self.deltas is not None else None
+            return Snapshot(quantize(self.exchanged, self.spec, wire_dtype), self.work, self.fresh, self.steps, versions)
 
     def merge(self, snapshot: Snapshot, remote: Mapping[str, torch.Tensor], share: float, work_after: float) -> None:
         """Apply a committed merge: add the rule's delta to the live tensors, piece by piece,
@@ -225,15 +234,65 @@ class Replica:
             for elements, change in delta.pieces(name)
         )
 
-    def adopt(self, state: Mapping[str, torch.Tensor], work: float) -> None:
-        """Replace the exchanged tensors with `state` (state sync; any device, float dtype) carrying `work`.
+    def publish(self, scale: float) -> Published:
+        """Compress this peer's unpublished progress into a delta that every model adds `scale` of, this one
+        included (`DeltaReference.publish`); the fresh work goes with it, and this model keeps its share.
 
-        Optimizer state that does not travel is kept; the merge rule and the weight average
-        start over from the new model.
+        Raises `ValueError` without compression, or (writing nothing) for a model that is not finite.
         """
-        self._access.call(self._adopt, state, work)
+        return self._access.call(self._publish, scale)
 
-    def _adopt(self, state: Mapping[str, torch.Tensor], work: float) -> None:
+    def _publish(self, scale: float) -> Published:
+        if self.deltas is None or self.compression is None:
+            raise ValueError("this replica keeps no delta reference: it was built without compression")
+        with self._lock, torch.no_grad():
+            published = self.deltas.publish(self.exchanged, self.compression, scale, scale * self.fresh)
+            self.work -= self.fresh - published.work
+            self.fresh = 0.0
+            self.version += 1
+            return published
+
+    def model_norm(self) -> float:
+        """The L2 norm of the exchanged tensors: the yardstick for how far a partner may move them."""
+        return self._access.call(self._model_norm)
+
+    def _model_norm(self) -> float:
+        with self._lock:
+            return math.sqrt(sum(float(t.detach().float().square().sum()) for t in self.exchanged.values()))
+
+    def delta_versions(self) -> dict[str, int]:
+        """The deltas this model holds: the highest sequence number per origin (none without compression)."""
+        return self._access.call(self._delta_versions)
+
+    def _delta_versions(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.deltas.versions) if self.deltas is not None else {}
+
+    def absorb(self, published: Published) -> None:
+        """Add another peer's published delta (its `scale` of it) and the work that carries.
+
+        Raises `ValueError` without compression, `StaleDelta` for a delta this model holds already.
+        """
+        self._access.call(self._absorb, published)
+
+    def _absorb(self, published: Published) -> None:
+        if self.deltas is None:
+            raise ValueError("this replica keeps no delta reference: it was built without compression")
+        with self._lock, torch.no_grad():
+            self.deltas.apply(self.exchanged, published)
+            self.work += published.work
+            self.version += 1
+
+    def adopt(self, state: Mapping[str, torch.Tensor], work: float, versions: Mapping[str, int] | None = None) -> None:
+        """Replace the exchanged tensors with `state` (state sync; any device, float dtype) carrying `work`
+        and, with compression, holding the deltas `versions` names.
+
+        Optimizer state that does not travel is kept; the merge rule, the weight average and
+        the delta reference start over from the new model.
+        """
+        self._access.call(self._adopt, state, work, versions)
+
+    def _adopt(self, state: Mapping[str, torch.Tensor], work: float, versions: Mapping[str, int] | None) -> None:
         with self._lock, torch.no_grad():
             for name in state:
                 with _flat(self.exchanged[name]) as flat:
@@ -242,6 +301,8 @@ class Replica:
             self.work = work
             self.fresh = 0.0
             self.rule.reset(self.exchanged)
+            if self.deltas is not None:
+                self.deltas.reset(self.exchanged, versions)  # the progress adopted is the swarm's, not ours to publish
             self.average.reset(self.model)  # the swarm's model replaced this one's past
             self.version += 1
 
@@ -264,6 +325,7 @@ class Replica:
                 "merge_rule": {"name": self.rule.name, "state": self.rule.state_dict()},
                 # the model to use: a complete state dict, loadable as is (absent when no average is kept)
                 **({"weight_average": cpu_copy(self.average.averaged(self.model))} if self.average.decay else {}),
+                **({"delta_reference": self.deltas.state_dict()} if self.deltas is not None else {}),
             }
 
     def restore(self, state: dict) -> None:
@@ -272,7 +334,8 @@ class Replica:
         Tensors are copied onto this model's device and dtype (the optimizer's state follows its
         parameters). The merge rule's state is restored when the checkpoint holds this rule's;
         after a change of rule (or from a checkpoint without one) the rule starts over from the
-        restored model. So does the weight average, unless the checkpoint holds one that fits.
+        restored model. So do the weight average and the delta reference, unless the checkpoint
+        holds ones that fit.
         Older checkpoints name the work "weight"; they load too.
         """
         self._access.call(self._restore, state)
@@ -302,6 +365,11 @@ class Replica:
                 self.rule.reset(self.exchanged)
                 self.fresh = 0.0
             self.average.load_averaged(state.get("weight_average", {}), self.model)
+            if self.deltas is not None:
+                try:
+                    self.deltas.load_state_dict(state.get("delta_reference", {}), self.exchanged)
+                except ValueError:  # saved without compression: nothing unpublished to resume
+                    self.deltas.reset(self.exchanged)
             self.work = work
             self.samples = int(state["samples"])
             self.version += 1

@@ -102,10 +102,12 @@ class ClippedGossip:
     history: deque[float] = field(default_factory=lambda: deque(maxlen=64))
 
     def screen(self, local: Mapping[str, torch.Tensor], remote: Mapping[str, torch.Tensor]) -> Screening:
-        distance = _distance(local, remote)
+        return self.judge(_distance(local, remote), _norm(local))
+
+    def judge(self, distance: float, norm: float) -> Screening:
+        """Screen a pull of length `distance` on a model of norm `norm` (how `screen` judges a partner's model)."""
         if distance == 0:  # identical models say nothing about honest spread: a zero radius would clip every merge
             return Screening(1.0, "identical models", 0.0)
-        norm = _norm(local)
         if distance > self.reject_ratio * max(norm, 1.0):
             reason = f"model is {distance:.3g} away, more than {self.reject_ratio:g}x our norm {norm:.3g}"
             return Screening(None, reason, distance, offence=True)

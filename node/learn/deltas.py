@@ -1,0 +1,181 @@
+"""Delta gossip, the model side: a peer's progress leaves it as sparse, low-bit deltas.
+
+Beside its live tensors x, a peer keeps a *reference* r: x − r is the progress of its own
+that the swarm has not received yet, its error buffer (nothing else holds it). Publishing
+compresses that residual, u = C(x − r) (the top entries of each tensor, quantized), and the
+swarm adds s·u to its models, this peer included: r += s·u and x −= (1 − s)·u. So
+
+- the residual loses exactly u: residual after + u = residual before, and what compression
+  left out stays in the residual for the next delta (error feedback, no mass lost);
+- a peer that applies a delta d adds it to both x and r, so its own residual is untouched;
+- every model is the common start, plus s·u for each delta it has applied, plus its own
+  residual: peers that applied the same deltas differ only by their residuals.
+
+The origin picks s (1/N for N peers averages everyone's progress, as DiLoCo's outer step
+does with learning rate 1). References are private: no two peers need the same one.
+
+A delta is named by its origin (a random name per `DeltaReference`, so a restarted peer never
+reuses one) and a sequence number. `versions` holds the highest one applied per origin, so
+no delta is applied twice; it travels with the model (state sync, checkpoints), because it
+says which deltas the model already holds.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from murmur.protocol.sparse import SPARSE_BITS, SparseTensor, quantize_sparse
+
+SparseDelta = dict[str, SparseTensor]
+MAX_ORIGINS = 256  # origins a peer remembers; the least recently heard go first
+
+
+class StaleDelta(ValueError):
+    """A delta this model already holds (its sequence number is not above its origin's version)."""
+
+
+@dataclass(frozen=True)
+class Published:
+    """Delta `seq` of `origin`, the share `scale` of it every model adds, and the work that share carries."""
+
+    origin: str
+    seq: int
+    delta: SparseDelta
+    scale: float
+    work: float
+
+
+@dataclass(frozen=True)
+class Compression:
+    """How a residual is compressed: the share of each tensor's entries sent (`density`, the
+    largest in magnitude), each in `bits` bits. Raises `ValueError` outside (0, 1] or `SPARSE_BITS`."""
+
+    density: float
+    bits: int
+
+    def __post_init__(self) -> None:
+        if not 0 < self.density <= 1:
+            raise ValueError(f"a compression density must be in (0, 1], got {self.density}")
+        if self.bits not in SPARSE_BITS:
+            raise ValueError(f"compression bits must be one of {list(SPARSE_BITS)}, got {self.bits}")
+
+    def entries(self, numel: int) -> int:
+        """How many of a tensor's `numel` entries a delta sends: at least one of a non-empty tensor."""
+        return min(numel, max(1, math.ceil(self.density * numel))) if numel else 0
+
+
+def top_entries(residual: torch.Tensor, k: int) -> torch.Tensor:
+    """The flat indices of the `k` largest-magnitude entries of `residual`, ascending (int64, CPU)."""
+    flat = residual.reshape(-1)
+    if k >= flat.numel():
+        return torch.arange(flat.numel())
+    return flat.abs().topk(k, sorted=False).indices.sort().values.cpu()
+
+
+class DeltaReference:
+    """A peer's reference r for its exchanged tensors (float32, on their device); see the module docstring.
+
+    Callers serialise access (the replica's lock): `publish` and `apply` write the live tensors.
+    """
+
+    def __init__(self, exchanged: Mapping[str, torch.Tensor]) -> None:
+        self.origin = secrets.token_hex(8)
+        self.seq = 0
+        self.reference: dict[str, torch.Tensor] = {}
+        self.versions: dict[str, int] = {}
+        self.reset(exchanged)
+
+    def reset(self, exchanged: Mapping[str, torch.Tensor], versions: Mapping[str, int] | None = None) -> None:
+        """Start over with no residual: r = x (a new model, one adopted whole, or one restored without r),
+        a model that holds the deltas `versions` names (none by default)."""
+        self.reference = {name: _contiguous_copy(t, t.device) for name, t in exchanged.items()}
+        self.versions = {}
+        for origin, seq in (versions or {}).items():
+            self._advance(origin, seq)
+        if self.seq:
+            self._advance(self.origin, self.seq)
+
+    def _advance(self, origin: str, seq: int) -> None:
+        self.versions.pop(origin, None)  # re-inserted last: the dict's order is the eviction order
+        self.versions[origin] = seq
+        while len(self.versions) > MAX_ORIGINS:
+            del self.versions[next(iter(self.versions))]
+
+    def holds(self, origin: str, seq: int) -> bool:
+        """Whether this model already holds delta `seq` of `origin`."""
+        return seq <= self.versions.get(origin, 0)
+
+    def residual_norm(self, exchanged: Mapping[str, torch.Tensor]) -> float:
+        """‖x − r‖: how much unpublished progress this peer holds."""
+        return math.sqrt(sum(float((x.float() - self.reference[n]).square().sum()) for n, x in exchanged.items()))
+
+    def publish(
+        self, exchanged: Mapping[str, torch.Tensor], compression: Compression, scale: float, work: float
+    ) -> Published:
+        """Compress the residual into a delta u, keep s·u of it here (`scale` s in (0, 1]) and return u,
+        named as this origin's next delta, carrying `work`.
+
+        A tensor's residual is read once, a tensor-sized temporary at a time. Raises
+        `ValueError` for a scale outside (0, 1] or a residual that is not finite (the model
+        diverged): nothing was written then.
+        """
+        if not 0 < scale <= 1:
+            raise ValueError(f"a delta's scale must be in (0, 1], got {scale}")
+        residuals = {}
+        for name, x in exchanged.items():
+            residual = x.detach().float() - self.reference[name]
+            indices = top_entries(residual, compression.entries(residual.numel()))
+            values = residual.reshape(-1)[indices.to(residual.device)].cpu()
+            residuals[name] = quantize_sparse(indices, values, compression.bits)  # refuses NaN and inf
+        for name, delta in residuals.items():
+            self._add(exchanged[name], name, delta, scale, live_share=scale - 1)
+        self.seq += 1
+        self._advance(self.origin, self.seq)
+        return Published(self.origin, self.seq, residuals, scale, work)
+
+    def apply(self, exchanged: Mapping[str, torch.Tensor], published: Published) -> None:
+        """Add another peer's delta, `scale` × u, to the live tensors and to the reference alike.
+
+        Raises `StaleDelta` (writing nothing) for a delta this model already holds.
+        """
+        if self.holds(published.origin, published.seq):
+            raise StaleDelta(f"delta {published.seq} of {published.origin} is already in this model")
+        for name, tensor in published.delta.items():
+            self._add(exchanged[name], name, tensor, published.scale, live_share=published.scale)
+        self._advance(published.origin, published.seq)
+
+    def _add(self, live: torch.Tensor, name: str, delta: SparseTensor, scale: float, live_share: float) -> None:
+        if not delta.indices.numel():
+            return
+        reference = self.reference[name].view(-1)
+        indices = delta.indices.to(reference.device)
+        values = delta.values.to(reference.device)
+        reference.index_add_(0, indices, values, alpha=scale)
+        flat = live.detach().view(-1) if live.is_contiguous() else None
+        if flat is None:  # a non-contiguous tensor: update a copy, write it back
+            flat = live.detach().reshape(-1).clone()
+            flat.index_add_(0, indices, values.to(flat.dtype), alpha=live_share)
+            live.detach().copy_(flat.view_as(live))
+        else:
+            flat.index_add_(0, indices, values.to(flat.dtype), alpha=live_share)
+
+    def state_dict(self) -> dict:
+        """The reference (CPU tensors) and the versions, for checkpoints."""
+        return {"reference": {name: t.cpu() for name, t in self.reference.items()}, "versions": dict(self.versions)}
+
+    def load_state_dict(self, state: Mapping, exchanged: Mapping[str, torch.Tensor]) -> None:
+        """Restore `state_dict()` output for these tensors; raises `ValueError` if names or shapes differ."""
+        saved = state.get("reference", {})
+        if set(saved) != set(exchanged) or any(saved[n].shape != t.shape for n, t in exchanged.items()):
+            raise ValueError("the saved delta reference does not fit this model's tensors")
+        self.reset(exchanged, state.get("versions", {}))
+        self.reference = {n: _contiguous_copy(saved[n], t.device) for n, t in exchanged.items()}
+
+
+def _contiguous_copy(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return tensor.detach().to(device, torch.float32).clone(memory_format=torch.contiguous_format)
