@@ -192,7 +192,8 @@ class Peer:
         route_library_logs()
         self.config = config
         self._gate = StepGate()
-        self._make_replica = lambda rule: Replica(name, model, optimizer, rule=rule, access=self._gate)
+        self._make_replica = lambda rule, compression: Replica(name, model, optimizer, rule=rule, access=self._gate,
+                                                               compression=compression)
         self._key_pair = load_or_create_identity(config.data_dir)
         self._node: Node | None = None
         self._token: anyio.lowlevel.EventLoopToken | None = None

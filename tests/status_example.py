@@ -14,7 +14,7 @@ EXAMPLE = NodeStatus(
     eval={"accuracy": 0.8}, exchanges={Result.MERGED: 1, Result.BUSY: 1},
     recent_exchanges=(Outcome(Result.MERGED, "peerA", "work: partner holds 50% of the pair's work", 0.01, 0.5, 4096),
                       Outcome(Result.BUSY, "peerB", "this node is already in an exchange")),
-    mean_exchange_s=0.01, bytes_sent=4096, known_peers=2, peers=("peerA", "peerB"), compute_fraction=0.75,
+    mean_exchange_s=0.01, bytes_sent=4096, bytes_per_merge=4096.0, model_bytes=8192, known_peers=2, peers=("peerA", "peerB"), compute_fraction=0.75,
     eval_fraction=0.05, pid=4242, status_interval=1.0, bytes_in=1000, bytes_out=2000, partner_distance=1.5,
     metrics_url=None, dashboard_url=None,
     network=NetworkStatus("private", "dial-backs failed", {"peerA": "direct", "peerB": "relayed"}, {"peerB": "relay"},

@@ -96,6 +96,8 @@ def test_every_run_option_is_explained_and_configurable(parser: argparse.Argumen
         ("task = true\n", {}, r"key 'task': --task takes one number or string, got True"),
         ("max-connections = 2.5\n", {}, r"key 'max-connections': invalid value 2.5 for --max-connections"),
         ("exchange-share = 1.5\n", {}, r"key 'exchange-share': invalid value 1.5 for --exchange-share: 1.5 is not a fraction"),
+        ("compression-bits = 3\n", {}, r"key 'compression-bits': invalid value 3 for --compression-bits: 3 is not one of \[2, 4, 8\]"),
+        ("compression = 'zip'\n", {}, r"key 'compression': invalid value 'zip' for --compression \(choose from"),
         ("ema-decay = 1\n", {}, r"key 'ema-decay': invalid value 1 for --ema-decay: 1.0 is not a decay in \[0, 1\)"),
         ("listen = 5\n", {}, r"key 'listen': --listen takes a list"),
         ("duration = [1, 2]\n", {}, r"key 'duration': --duration takes one number or string"),
@@ -228,6 +230,9 @@ progress-every = 10
 allow-peers = "/data/peers.txt"
 swarm-secret-file = "/data/secret"
 wire-dtype = "bfloat16"
+compression = "sparse"
+compression-density = 0.02
+compression-bits = 4
 optimizer-state = "keep"
 ema-decay = 0.5
 max-connections = 100
@@ -253,8 +258,8 @@ def test_a_murmur_toml_with_every_option_loads(parser: argparse.ArgumentParser, 
         weighting="uniform", merge="average", average_every=0.2, exchange_share=0.25, exchange_share_of="wall", exchange_timeout=5.0,
         min_link_mbit=2.5, partners="uniform", liveness_timeout=12.0, view_size=None, eval_every=2.0, duration=600.0, shard=3, sync_state=False, nat_traversal=False,
         checkpoint_every=60.0, progress_every=10.0, allow_peers=Path("/data/peers.txt"), swarm_secret_file=Path("/data/secret"),
-        wire_dtype="bfloat16", optimizer_state="keep", ema_decay=0.5, max_connections=100,
-        metrics_port=9100, metrics_host="0.0.0.0", device="cpu", threads=4,
+        wire_dtype="bfloat16", compression="sparse", compression_density=0.02, compression_bits=4,
+        optimizer_state="keep", ema_decay=0.5, max_connections=100, metrics_port=9100, metrics_host="0.0.0.0", device="cpu", threads=4,
     )  # fmt: skip
     assert (options.log_level, options.log_format, emulation) == ("WARNING", "json", Emulation(slowdown=1.5))
 

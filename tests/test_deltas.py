@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from murmur.node.learn.deltas import MAX_ORIGINS, Compression, DeltaReference, Published, StaleDelta, top_entries
+from murmur.node.learn.deltas import (
+    MAX_ORIGINS,
+    STRONG,
+    Compression,
+    DeltaReference,
+    Published,
+    StaleDelta,
+    compression_for,
+    top_entries,
+)
 
 
 def _model(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -31,6 +40,14 @@ def test_compression_counts_entries_and_refuses_what_it_cannot_send() -> None:
     for density, bits in ((0.0, 2), (1.5, 2), (0.1, 3)):
         with pytest.raises(ValueError):
             Compression(density, bits)
+
+
+def test_compression_names_say_what_they_send() -> None:
+    assert compression_for("none", 0.5, 8) is None
+    assert compression_for("sparse", 0.02, 4) == Compression(0.02, 4)
+    assert compression_for("strong", 0.5, 8) == STRONG  # its own density and bits, whatever is passed
+    with pytest.raises(ValueError, match="unknown compression 'zip'"):
+        compression_for("zip", 0.01, 2)
 
 
 def test_top_entries_are_the_largest_in_magnitude_in_ascending_order() -> None:

@@ -18,7 +18,7 @@ INTERFACE_KEYS = {
     "exchanges", "recent_exchanges", "mean_exchange_s", "bytes_sent", "known_peers", "peers", "compute_fraction",
     "eval_fraction", "pid", "status_interval", "bytes_in", "bytes_out", "partner_distance", "metrics_url",
     "dashboard_url", "reachability", "reachability_reason", "connections", "relayed_via", "relays", "hole_punched",
-    "relayed_bytes", "joined", "alone_reason", "bootstrap",
+    "relayed_bytes", "joined", "alone_reason", "bootstrap", "bytes_per_merge", "model_bytes",
 }  # fmt: skip
 
 

@@ -162,3 +162,26 @@ def test_swarm_with_the_outer_rule_and_merged_optimizer_state_learns_over_libp2p
         anchor = rule["state"]["anchor"]
         assert any(name.startswith("optimizer.") for name in anchor)  # the momentum travelled with the model
         assert all(torch.isfinite(t).all() for t in anchor.values())
+
+
+@pytest.mark.slow
+def test_a_swarm_gossiping_strongly_compressed_deltas_learns_over_libp2p(tmp_path: Path) -> None:
+    extra = ["--task", "digits", "--step-time", "20", "--duration", "120", "--compression", "strong", "--checkpoint-every", "2"]
+    peers = start_swarm(tmp_path, [1, 1, 2], extra, fork=True)
+    try:
+        _wait_until_learned(peers, merged_at_least=3)
+        statuses = [p.status() for p in peers]
+    finally:
+        codes = stop_swarm(peers)
+    assert codes == [0, 0, 0]
+    from murmur.node.learn.checkpoint import load_latest
+    from murmur.node.ops.node import CHECKPOINT_DIR
+
+    for peer, status in zip(peers, statuses, strict=True):
+        assert "Traceback" not in (peer.data_dir / "log.txt").read_text()
+        # An exchange carries a few deltas (the peer's own and those it passes on); uncompressed, one int8 model is 1/4.
+        assert status.bytes_per_merge is not None and 0 < status.bytes_per_merge <= status.model_bytes / 20
+        found = load_latest(peer.data_dir / CHECKPOINT_DIR)
+        assert found is not None
+        saved = found[0]["delta_reference"]  # the reference travels with the model, and what it holds
+        assert set(saved["reference"]) == set(found[0]["model"]) and len(saved["versions"]) >= 3

@@ -69,6 +69,20 @@ class Compression:
         return min(numel, max(1, math.ceil(self.density * numel))) if numel else 0
 
 
+COMPRESSIONS = ("none", "sparse", "strong")
+STRONG = Compression(0.005, 2)  # the most compression that still learned close to uncompressed gossip
+
+
+def compression_for(name: str, density: float, bits: int) -> Compression | None:
+    """The compression `--compression NAME` (with its density and bits) asks for: None for "none".
+
+    Raises `ValueError` for a name not in `COMPRESSIONS`, or a density or bits `Compression` refuses.
+    """
+    if name not in COMPRESSIONS:
+        raise ValueError(f"unknown compression {name!r}; choose from {list(COMPRESSIONS)}")
+    return None if name == "none" else STRONG if name == "strong" else Compression(density, bits)
+
+
 def top_entries(residual: torch.Tensor, k: int) -> torch.Tensor:
     """The flat indices of the `k` largest-magnitude entries of `residual`, ascending (int64, CPU)."""
     flat = residual.reshape(-1)

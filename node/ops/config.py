@@ -163,6 +163,20 @@ def _share_of_names() -> list[str]:
     return list(SHARE_OF)
 
 
+def _compression_names() -> list[str]:
+    from murmur.node.learn.deltas import COMPRESSIONS
+
+    return list(COMPRESSIONS)
+
+
+def _bits(text: str) -> int:
+    from murmur.protocol.messages import SPARSE_BITS
+
+    if text not in {str(b) for b in SPARSE_BITS}:
+        raise argparse.ArgumentTypeError(f"{text} is not one of {list(SPARSE_BITS)}")
+    return int(text)
+
+
 def _optimizer_state_names() -> list[str]:
     from murmur.node.learn.rules import OPTIMIZER_STATE
 
@@ -256,6 +270,14 @@ class NodeConfig:
     wire_dtype: str = option("int8", "dtype parameters travel in when this node starts an exchange (state sync is float32): "
                                      "float32 (exact), bfloat16/float16 (half the bytes), int8 (a quarter, per-tensor scale)",
                              choices=lambda: WIRE_DTYPE_NAMES)
+    compression: str = option("none", "what exchanges send: none, whole models, averaged pairwise (in --wire-dtype); sparse, each "
+                                      "peer's progress as deltas of its largest --compression-density entries in --compression-bits "
+                                      "bits, passed on through the swarm; strong, sparse at density 0.005 and 2 bits. Every peer of "
+                                      "a swarm must use the same", choices=_compression_names)
+    compression_density: float = option(0.01, "with --compression sparse: the share of each tensor's entries a delta sends",
+                                        parse=_share, metavar="FRACTION")
+    compression_bits: int = option(2, "with --compression sparse: the bits each entry of a delta travels in (2, 4 or 8)",
+                                   parse=_bits, metavar="BITS")
     device: str = option("auto", "auto, cpu, cuda, cuda:N or mps; auto = cuda if available, else mps, else cpu (default auto)",
                          parse=_device_syntax, metavar="DEVICE")  # murmur.node.learn.device.resolve_device
     mixed_precision: bool = option(False, "bf16 autocast for forward pass and loss (CUDA only)")

@@ -159,6 +159,7 @@ def swarm_view(
     return _finite({
         "self": me, "t": t, "metric": metric, "peers": peers, "history": history.series(),
         "joined": status.joined, "alone_reason": status.alone_reason,
+        "bytes_per_merge": status.bytes_per_merge, "model_bytes": status.model_bytes,
         "exchanges": [asdict(o) for o in recent][-20:], "edges": [list(e) for e in edges],
         "traffic": {"in": dict(traffic.get("in", {})), "out": dict(traffic.get("out", {}))},
     })  # fmt: skip

@@ -110,6 +110,10 @@ class NodeMetrics:
             "murmur_partner_distance", "L2 distance between this node's parameters and its last accepted partner's, before merging",
             registry=r,
         )  # fmt: skip
+        self.bytes_per_merge = Gauge(
+            "murmur_bytes_per_merge", "Parameter bytes this node sent per recent merged exchange", registry=r
+        )
+        self.model_bytes = Gauge("murmur_model_bytes", "The exchanged tensors' size in float32", registry=r)
         self.reachability = Gauge(
             "murmur_reachability", "1 for AutoNAT's current verdict (public, private, unknown), 0 for the others",
             ["state"], registry=r,
@@ -151,6 +155,9 @@ class NodeMetrics:
         self.work.set(status.work)
         if status.partner_distance is not None:
             self.distance.set(status.partner_distance)
+        if status.bytes_per_merge is not None:
+            self.bytes_per_merge.set(status.bytes_per_merge)
+        self.model_bytes.set(status.model_bytes)
         network = status.network
         for state in ("public", "private", "unknown"):
             self.reachability.labels(state).set(1 if network.reachability == state else 0)

@@ -25,6 +25,7 @@ import torch
 from murmur.node.averaging.factory import build_averager
 from murmur.node.averaging.outcome import Outcome, Result
 from murmur.node.learn.checkpoint import load_latest, save_checkpoint
+from murmur.node.learn.deltas import Compression, compression_for
 from murmur.node.learn.device import describe, resolve_device
 from murmur.node.learn.loop import Evaluation, TrainingLoop, TrainStats, train
 from murmur.node.learn.replica import Replica
@@ -71,13 +72,13 @@ class Node:
         self, config: NodeConfig, transport: Transport, bans: BanList | None = None,
         listen_addresses: Callable[[], list[str]] | None = None,
         network_info: Callable[[], dict] | None = None,
-        user_loop: Callable[[MergeRule], Replica] | None = None, pacing: Pacing = Pacing(),
+        user_loop: Callable[[MergeRule, Compression | None], Replica] | None = None, pacing: Pacing = Pacing(),
     ) -> None:
         """`listen_addresses` gives the real listen addresses when they differ from `transport.addresses()`;
         `network_info` the transport's reachability and connections for status, as `NetworkStatus` fields (`Libp2pTransport.network_info`).
 
         `user_loop` (from `murmur.Peer`) builds the replica of a model that the user's own loop steps,
-        given the merge rule: the node then runs no training loop (`loop` is None), and a checkpoint
+        given the merge rule and compression: the node then runs no training loop (`loop` is None), and a checkpoint
         of another model raises `ModelMismatch` instead of being skipped (and later overwritten).
         Otherwise the node trains `config.task` in its own `TrainingLoop`, at `pacing`'s pace.
 
@@ -98,13 +99,14 @@ class Node:
             torch.set_num_threads(config.threads)
         shard = config.shard if config.shard is not None else _shard_of(self.peer_id)
         rule = make_rule(config.weighting, config.merge, optimizer_state=config.optimizer_state)
+        compression = compression_for(config.compression, config.compression_density, config.compression_bits)
         self.loop: TrainingLoop | None = None
         if user_loop is None:
             self.loop = TrainingLoop(load_task(config.task), shard, resolve_device(config.device), config.mixed_precision, rule=rule,
-                                     ema_decay=config.ema_decay)
+                                     ema_decay=config.ema_decay, compression=compression)
             self.replica = self.loop.replica
         else:
-            self.replica = user_loop(rule)
+            self.replica = user_loop(rule, compression)
         self.pacing = pacing
         self.start_gate: Callable[[], Awaitable[None]] | None = None
         self.on_evaluation: Callable[[Evaluation], None] = lambda evaluation: None
@@ -345,7 +347,9 @@ class Node:
             loss=self.replica.last_loss, eval=dict(self.last_eval),
             exchanges=dict(self.averager.outcomes), recent_exchanges=tuple(list(self.averager.recent)[-8:]),
             mean_exchange_s=sum(o.duration_s for o in merged) / len(merged) if merged else None,
-            bytes_sent=self.averager.bytes_sent, known_peers=len(self.table.members), peers=tuple(sorted(self.table.members)),
+            bytes_sent=self.averager.bytes_sent,
+            bytes_per_merge=sum(o.bytes_sent for o in merged) / len(merged) if merged else None,
+            model_bytes=self.replica.spec.wire_size("float32"), known_peers=len(self.table.members), peers=tuple(sorted(self.table.members)),
             compute_fraction=self.stats.compute_fraction(now), eval_fraction=self.stats.eval_s / elapsed if elapsed else 0.0,
             pid=os.getpid(), status_interval=STATUS_INTERVAL,
             bytes_in=sum(self.traffic.received.values()), bytes_out=sum(self.traffic.sent.values()),

@@ -82,6 +82,8 @@ class NodeStatus:
     joined: bool = True
     alone_reason: str | None = None
     bootstrap: Mapping[str, str] = field(default_factory=dict)  # bootstrap address -> its last greeting's outcome
+    bytes_per_merge: float | None = None  # parameter bytes sent per recent merged exchange
+    model_bytes: int = 0  # the exchanged tensors' size in float32: what a merge sends uncompressed (0: not stated)
 
     def to_dict(self) -> dict[str, Any]:
         """The status.json document as a dict (`to_json`'s content); floats may be NaN."""

@@ -131,6 +131,8 @@ def render(status: NodeStatus, now: float, console: Console) -> None:
         ("exchanges", ", ".join(f"{k} {v}" for k, v in sorted(status.exchanges.items())) or "none yet"),
         ("partner distance", _num(status.partner_distance)),
         ("traffic", f"in {_bytes(status.bytes_in)} · out {_bytes(status.bytes_out)}"),
+        ("per merge", "—" if status.bytes_per_merge is None else
+         f"{_bytes(status.bytes_per_merge)} sent, of a {_bytes(status.model_bytes)} model"),
     ]  # fmt: skip
     if status.metrics_url:
         rows.append(("metrics", [status.metrics_url]))

@@ -189,7 +189,9 @@ function render(data) {
   renderChart("chart-traffic", trafficSeries(data), { zero: true, legend: true });
   const sum = o => Object.values(o).reduce((a, b) => a + b, 0);
   document.getElementById("traffic-total").textContent =
-    `total in ${fmt(sum(data.traffic.in) / 1048576, 3)} MiB · out ${fmt(sum(data.traffic.out) / 1048576, 3)} MiB`;
+    `total in ${fmt(sum(data.traffic.in) / 1048576, 3)} MiB · out ${fmt(sum(data.traffic.out) / 1048576, 3)} MiB` +
+    (data.bytes_per_merge == null ? "" :
+      ` · ${fmt(data.bytes_per_merge / 1048576, 3)} MiB per merge of a ${fmt(data.model_bytes / 1048576, 3)} MiB model`);
   renderGraph(data);
   renderExchanges(data);
 }
