@@ -56,6 +56,8 @@ MURMUR_ARGS = {
     "murmur-int8-cpu-0.25": ["--exchange-share", "0.25", "--exchange-share-of", "cpu", "--wire-dtype", "int8"],
     "murmur-int8-cpu-1": ["--exchange-share", "1", "--exchange-share-of", "cpu", "--wire-dtype", "int8"],
     "murmur-fp16": ["--wire-dtype", "float16"],
+    "murmur-sparse": ["--compression", "sparse"],
+    "murmur-strong": ["--compression", "strong"],
     "murmur-solo": ["--average-every", "1000000"],  # every peer trains alone: what merging buys
 }
 
