@@ -263,6 +263,11 @@ class SparseDecoder:
         self._buffer[self._received : self._received + n] = np.frombuffer(data, dtype=np.uint8)
         self._received += n
 
+    @property
+    def data(self) -> bytes:
+        """The bytes received so far: a delta's wire form, to pass on as it came."""
+        return self._buffer[: self._received].tobytes()
+
     def finish(self) -> SparseState:
         """The received delta, validated (see the class docstring)."""
         if not self.complete:

@@ -11,13 +11,13 @@ import torch
 import trio.testing
 from averager_harness import Peer, last, make_peer, running, settled, stall
 
-from murmur.node.averaging.delta_gossip import GOSSIP_PROTOCOL
+from murmur.node.averaging.delta_gossip import GOSSIP_PROTOCOL, DeltaGossiper, DeltaLog, EncodedDelta
 from murmur.node.averaging.outcome import Result
 from murmur.node.learn.deltas import Compression
 from murmur.node.net.transport import ByteStream, MemoryNetwork
 from murmur.protocol.exchange import GOSSIP, Exchange, Role
 from murmur.protocol.messages import Chunk, Delta, Digest
-from murmur.protocol.sparse import encode_sparse, quantize_sparse, sparse_size
+from murmur.protocol.sparse import encode_sparse, quantize_sparse
 
 pytestmark = pytest.mark.anyio
 EXACT = Compression(1.0, 8)  # every entry: the tests compare models, not compression error
@@ -36,6 +36,7 @@ def _swarm(n: int, compression: Compression = EXACT) -> tuple[MemoryNetwork, lis
     for p in peers:  # one common start, as state sync gives a swarm
         p.replica.model.load_state_dict(start)
         p.replica.deltas.reset(p.replica.exchanged)
+        p.averager.log.budget = 1 << 30  # an EXACT delta outweighs the model: keep every one
     return net, peers
 
 
@@ -57,7 +58,7 @@ async def test_an_exchange_swaps_fresh_deltas_and_models_then_differ_by_their_re
         outcome = await a.averager.exchange_with(b.id, b.transport.addresses())
         await settled(a, b)
     assert outcome.result == Result.MERGED and outcome.reason == "received 1 deltas, sent 1"
-    assert outcome.bytes_sent == sparse_size(a.averager.log[0].delta, 8)
+    assert outcome.bytes_sent == len(a.averager.log.entries[0].data)
     assert last(b) == (Result.MERGED, "received 1 deltas, sent 1")
     assert a.replica.delta_versions() == b.replica.delta_versions()
     ra, rb = _residual(a), _residual(b)
@@ -96,6 +97,17 @@ async def test_a_second_exchange_sends_only_what_is_new() -> None:
     assert third.reason == "received 0 deltas, sent 1"
     # 5 % of the entries at 2 bits: a small share of the float32 model.
     assert third.bytes_sent < 0.07 * 4 * a.replica.spec.numel
+
+
+def test_the_log_passes_on_the_deltas_a_model_lacks_within_its_budget() -> None:
+    log = DeltaLog(budget=25)
+    for seq in (1, 2, 3):
+        log.add(EncodedDelta("a", seq, 0.5, 1.0, b"x" * 10))
+    assert [e.seq for e in log.entries] == [2, 3] and log.size == 20  # the oldest went first
+    assert [e.seq for e in log.missing({"a": 2})] == [3] and log.missing({"a": 3}) == []
+    assert [(e.origin, e.seq) for e in log.missing({"b": 9})] == [("a", 2), ("a", 3)]
+    log.add(EncodedDelta("b", 1, 0.5, 1.0, b"y" * 40))  # the newest stays, even over the budget
+    assert [(e.origin, e.seq) for e in log.entries] == [("b", 1)]
 
 
 async def test_a_newcomer_syncs_the_model_with_the_deltas_it_holds() -> None:
@@ -140,10 +152,11 @@ def _delta_bytes(spec, index: int, scale: float, value: float = 1.0) -> bytes:
     return bytes(data)
 
 
-async def _hostile(send, caplog) -> tuple[Peer, dict, dict, object]:
+async def _hostile(send, caplog, min_link_mbit: float = math.inf, steps: int = 2) -> tuple[Peer, dict, dict, object]:
     """`a` (8-bit deltas) initiates with a partner that answers its digest, then sends `send(a, digest)`'s messages."""
     net = MemoryNetwork()
     a = make_peer(net, "a", 0, compression=EXACT)
+    a.averager._min_link_mbit = min_link_mbit
     hostile = net.transport("hostile")
 
     async def serve(stream: ByteStream) -> None:
@@ -157,7 +170,7 @@ async def _hostile(send, caplog) -> tuple[Peer, dict, dict, object]:
 
     hostile.set_handler(GOSSIP_PROTOCOL, serve)
     async with running(a), hostile.run():
-        a.steps(2)
+        a.steps(steps)
         before = _live(a)  # a knows no member: it keeps all of what it publishes (scale 1)
         outcome = await a.averager.exchange_with(hostile.peer_id, hostile.addresses())
     strikes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("strike")]
@@ -189,8 +202,8 @@ async def test_a_bad_delta_fails_the_exchange_earns_a_strike_and_never_touches_t
     assert outcome.result == Result.FAILED and outcome.reason.startswith(reason.format(first=spec.entries[0][0]))
     assert len(seen["strikes"]) == 1 and hostile[-8:] in seen["strikes"][0]
     assert all(torch.equal(t, before[n]) for n, t in _live(a).items())
-    assert list(a.averager.log) and all(
-        p.origin == a.replica.deltas.origin for p in a.averager.log
+    assert a.averager.log.entries and all(
+        p.origin == a.replica.deltas.origin for p in a.averager.log.entries
     )  # nothing passed on
 
 
@@ -203,6 +216,20 @@ async def test_a_delta_our_digest_said_we_hold_is_a_violation(caplog) -> None:
     assert seen["outcome"].reason.startswith("ProtocolViolation: gossip: delta 1 of")
     assert len(seen["strikes"]) == 1
     assert all(torch.equal(t, before[n]) for n, t in _live(a).items())
+
+
+async def test_an_announced_delta_extends_the_deadline_by_its_transfer_time_and_a_trickle_times_out(caplog) -> None:
+    def trickle(a: Peer, digest: Digest) -> list:
+        return [Delta("0123456789abcdef", 1, 0.5, 1.0, 10_000), Chunk(b"x" * 10)]  # then nothing more
+
+    # No exchange measured the link yet: 10 kB at --min-link-mbit 0.08 (10 kB/s), with 25 % overhead, is 1.25 s.
+    # (`a` has no progress to publish, so it sends nothing that would extend the deadline too.)
+    a, before, seen, _ = await _hostile(trickle, caplog, min_link_mbit=0.08, steps=0)
+    outcome = seen["outcome"]
+    assert (outcome.result, outcome.reason) == (Result.FAILED, "timed out after 2.25s")
+    assert outcome.duration_s == pytest.approx(1.0 + 1.25)
+    assert seen["strikes"] == [] and all(torch.equal(t, before[n]) for n, t in _live(a).items())
+    assert not a.averager.in_exchange
 
 
 async def test_a_busy_gossiper_answers_at_once() -> None:
@@ -220,3 +247,10 @@ async def test_a_busy_gossiper_answers_at_once() -> None:
             busy = await a.averager.exchange_with(b.id, b.transport.addresses())
             tg.cancel_scope.cancel()
     assert (busy.result, busy.reason) == (Result.BUSY, "already in an exchange")
+
+
+async def test_a_replica_with_compression_gets_a_delta_gossiper_and_one_without_an_averager() -> None:
+    net = MemoryNetwork()
+    plain, compressed = make_peer(net, "plain", 0), make_peer(net, "compressed", 1, compression=SPARSE)
+    assert type(plain.averager).__name__ == "Averager" and plain.averager.protocol == "/murmur/average/2.0.0"
+    assert isinstance(compressed.averager, DeltaGossiper) and compressed.averager.protocol == GOSSIP_PROTOCOL

@@ -13,6 +13,7 @@ import torch
 
 from lab.outer_merge import OuterRule
 from murmur.node.learn.checkpoint import read_checkpoint, save_checkpoint
+from murmur.node.learn.deltas import Compression
 from murmur.node.learn.replica import MergeRefused, Replica, Snapshot
 from murmur.node.learn.rules import MergeDelta, MergeRule, UniformRule, WorkRule, make_rule
 from murmur.node.learn.step import train_step
@@ -259,3 +260,39 @@ def test_a_merge_that_would_not_be_finite_is_refused_and_changes_nothing() -> No
     remote["weight"][0, 0] = 3e38  # finite, but an outer step past it overflows
     with pytest.raises(MergeRefused, match="not be finite"):
         replica.merge(snapshot, remote, 1.0, snapshot.work)
+
+
+def test_publishing_counts_the_work_a_delta_carries_and_absorbing_adds_it() -> None:
+    sender, receiver = make(compression=Compression(0.1, 2)), make(compression=Compression(0.1, 2))
+    step(sender)
+    step(sender)
+    published = sender.publish(0.25)
+    assert published.work == 0.25 * 2 * TASK.batch_size and sender.fresh == 0
+    assert sender.work == 0.25 * 2 * TASK.batch_size  # it keeps its own share of what it sent
+    receiver.absorb(published)
+    assert receiver.work == published.work and receiver.delta_versions() == sender.delta_versions()
+    with pytest.raises(ValueError, match="without compression"):
+        make().publish(0.5)
+
+
+def test_the_delta_reference_and_versions_resume_from_a_checkpoint(tmp_path: Path) -> None:
+    replica = make(compression=Compression(0.1, 2))
+    step(replica)
+    replica.publish(0.5)
+    step(replica)  # progress not yet published: it stays x − r across the restart
+    resumed = make(compression=Compression(0.1, 2))
+    resumed.restore(read_checkpoint(save_checkpoint(tmp_path, replica.checkpoint_state())))
+    assert resumed.delta_versions() == replica.delta_versions()
+    for name, reference in replica.deltas.reference.items():
+        assert torch.equal(resumed.deltas.reference[name], reference)
+    plain = make()  # a checkpoint written without compression: nothing unpublished to resume
+    again = make(compression=Compression(0.1, 2))
+    again.restore(read_checkpoint(save_checkpoint(tmp_path / "plain", plain.checkpoint_state())))
+    assert again.deltas.residual_norm(again.exchanged) == 0 and again.delta_versions() == {}
+
+
+def test_adopting_a_synced_model_takes_the_deltas_it_holds() -> None:
+    replica = make(compression=Compression(0.1, 2))
+    step(replica)
+    replica.adopt(make(seed=1).snapshot().state, 64.0, {"elsewhere": 7})
+    assert replica.delta_versions() == {"elsewhere": 7} and replica.deltas.residual_norm(replica.exchanged) == 0

@@ -65,6 +65,14 @@ class _Attempt:
     stream: ByteStream | None = None
     sent: int = 0
     worker_cpu_s: float = 0.0
+    allowed_s: float = 0.0  # the time the exchange may take, so far
+    scope: anyio.CancelScope | None = None  # its deadline
+
+    def extend(self, seconds: float) -> None:
+        """Give the exchange `seconds` more (a transfer announced after it started)."""
+        self.allowed_s += seconds
+        if self.scope is not None:
+            self.scope.deadline += seconds
 
     def outcome(self, result: Result, reason: str, runtime: Runtime, remote_share: float = 0.0) -> Outcome:
         cpu_s = self.worker_cpu_s + runtime.cpu_time() - self.cpu_start
@@ -264,12 +272,13 @@ class Averager:
         Every failure becomes a `failed` outcome with its reason (a hostile peer's also a
         strike) and resets the stream; cancellation resets it too, then propagates.
         """
+        attempt.allowed_s = self.timeout_s
         try:
-            with anyio.fail_after(self.timeout_s):
+            with anyio.fail_after(self.timeout_s) as attempt.scope:
                 outcome = await body(attempt, *args)
             return self._record(outcome) if outcome else Outcome(Result.BUSY, attempt.peer_id, "answered busy")
         except TimeoutError:
-            reason = f"timed out after {self.timeout_s:.3g}s"
+            reason = f"timed out after {attempt.allowed_s:.3g}s"
         except ProtocolError as exc:
             reason = f"{type(exc).__name__}: {exc}"
             if isinstance(exc, OFFENCES):

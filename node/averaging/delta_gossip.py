@@ -3,7 +3,8 @@
 An exchange is initiator → Digest (task, bits, the deltas its model holds), responder →
 Digest | Busy | Refuse; then each side streams, full duplex, the deltas from its recent log
 that the other lacks (a `Delta` and its `Chunk`s each) and commits. Each side first
-publishes its fresh progress as a new delta, so it leaves at once. A delta received is
+publishes its fresh progress as a new delta, so it leaves at once. Each delta adds its
+own transfer time at the link's measured speed to the exchange's deadline. A delta received is
 decoded and validated off the event loop, screened, and added to the model as it arrives;
 it is passed on to later partners as it came. One that fails a check ends the exchange
 (a malformed one is a strike) and never touches the model.
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -23,15 +26,47 @@ from murmur.node.learn.deltas import Compression, Published, StaleDelta
 from murmur.node.learn.screening import ClippedGossip
 from murmur.node.net.conversation import Conversation
 from murmur.node.net.transport import TransportError
+from murmur.protocol.codec import CHUNK_BYTES
 from murmur.protocol.errors import ProtocolError, ProtocolViolation
 from murmur.protocol.exchange import GOSSIP, Exchange, Role
 from murmur.protocol.messages import Busy, Chunk, Commit, Delta, Digest, Refuse
-from murmur.protocol.sparse import SparseDecoder, encode_sparse, max_sparse_size, sparse_size
+from murmur.protocol.sparse import SparseDecoder, encode_sparse, max_sparse_size
 
 GOSSIP_PROTOCOL = "/murmur/gossip/1.0.0"
-LOG_SIZE = 64  # recent deltas kept to pass on; a partner may send at most this many in one exchange
+LOG_SHARE = 0.125  # the deltas kept to pass on take at most this share of the model's float32 bytes
+MAX_DELTAS = 256  # a partner may send at most this many deltas in one exchange
 DENSITY_SLACK = 4.0  # a partner's delta may be this many times denser than ours
 log = logging.getLogger("murmur.averager")
+
+
+@dataclass(frozen=True)
+class EncodedDelta:
+    """A delta as it travels: its `Delta` announcement's fields and its sparse bytes."""
+
+    origin: str
+    seq: int
+    scale: float
+    work: float
+    data: bytes
+
+
+class DeltaLog:
+    """The recent deltas this peer passes on, newest last, within `budget` bytes (the oldest go first)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.entries: deque[EncodedDelta] = deque()
+        self.size = 0
+
+    def add(self, entry: EncodedDelta) -> None:
+        self.entries.append(entry)
+        self.size += len(entry.data)
+        while self.size > self.budget and len(self.entries) > 1:
+            self.size -= len(self.entries.popleft().data)
+
+    def missing(self, versions: Mapping[str, int]) -> list[EncodedDelta]:
+        """The deltas a model holding `versions` lacks, oldest first."""
+        return [e for e in self.entries if e.seq > versions.get(e.origin, 0)]
 
 
 class DeltaGossiper(Averager):
@@ -44,19 +79,18 @@ class DeltaGossiper(Averager):
 
     protocol = GOSSIP_PROTOCOL
 
-    def __init__(self, *args: Any, log_size: int = LOG_SIZE, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if self.replica.compression is None:
             raise ValueError("delta gossip needs a replica built with compression")
         self.compression: Compression = self.replica.compression
-        self.log: deque[Published] = deque(maxlen=log_size)
-        self.delta_screening = ClippedGossip()
         spec, bits = self.replica.spec, self.compression.bits
+        self.log = DeltaLog(int(LOG_SHARE * spec.wire_size("float32")))
+        self.delta_screening = ClippedGossip()
         slack = Compression(min(1.0, DENSITY_SLACK * self.compression.density), bits)
         self._max_delta = max_sparse_size(spec, bits, slack.entries)
-        # The most an exchange may carry each way: a full log of deltas as dense as ours, at the slowest link served.
-        most = log_size * max_sparse_size(spec, bits, self.compression.entries)
-        self.timeout_s = self._exchange_timeout + LINK_OVERHEAD * most * 8 / (self._min_link_mbit * 1e6)
+        # Digests and commits; each delta then extends the deadline by its own transfer time (`_transfer_time`).
+        self.timeout_s = self._exchange_timeout
 
     async def _initiate(self, attempt: _Attempt, addrs: list[str]) -> Outcome:
         attempt.stream = await self.transport.open_stream(attempt.peer_id, addrs, self.protocol)
@@ -101,25 +135,37 @@ class DeltaGossiper(Averager):
         if self.replica.fresh > 0:
             scale = 1.0 / (len(self.table.members) + 1)  # the swarm's mean progress
             try:
-                self.log.append(await self._compute(attempt, self.replica.publish, scale))
+                self.log.add(await self._compute(attempt, self._publish, scale))
             except ValueError as exc:  # a model gone NaN has nothing to share; exchanges still bring it deltas
                 log.warning("not publishing: %s", exc)
         versions = await self._compute(attempt, self.replica.delta_versions)
         return Digest(self.identity.run_id, self.identity.fingerprint, self.compression.bits, versions)
 
+    def _transfer_time(self, peer_id: str, nbytes: int) -> float:
+        """The time `nbytes` may take over the link to `peer_id`: at half the speed earlier exchanges with it
+        measured (a link may slow down), else at `--min-link-mbit`."""
+        entry = self.table.members.get(peer_id)
+        rate = entry.exchange_rate / 2 if entry is not None and entry.exchange_rate else self._min_link_mbit * 1e6 / 8
+        return LINK_OVERHEAD * nbytes / rate
+
+    def _publish(self, scale: float) -> EncodedDelta:
+        published = self.replica.publish(scale)
+        data = b"".join(encode_sparse(published.delta, self.replica.spec, self.compression.bits))
+        return EncodedDelta(published.origin, published.seq, published.scale, published.work, data)
+
     async def _swap_deltas(self, conv: Conversation, attempt: _Attempt, ours: Digest, theirs: Digest) -> Outcome:
         """Send the deltas the partner lacks while receiving the ones we lack, then commit."""
-        outgoing = [p for p in self.log if p.seq > theirs.versions.get(p.origin, 0)]
+        outgoing = self.log.missing(theirs.versions)
         send_errors: list[Exception] = []
 
         async def send() -> None:
             try:
-                for published in outgoing:
-                    size = sparse_size(published.delta, self.compression.bits)
-                    await conv.send(Delta(published.origin, published.seq, published.scale, published.work, size))
-                    for chunk in encode_sparse(published.delta, self.replica.spec, self.compression.bits):
-                        await conv.send(Chunk(bytes(chunk)))
-                    attempt.sent += size
+                for entry in outgoing:
+                    attempt.extend(self._transfer_time(attempt.peer_id, len(entry.data)))
+                    await conv.send(Delta(entry.origin, entry.seq, entry.scale, entry.work, len(entry.data)))
+                    for start in range(0, len(entry.data), CHUNK_BYTES):
+                        await conv.send(Chunk(entry.data[start : start + CHUNK_BYTES]))
+                    attempt.sent += len(entry.data)
                 await conv.send(Commit())
             except (ProtocolError, TransportError) as exc:
                 send_errors.append(exc)
@@ -152,8 +198,9 @@ class DeltaGossiper(Averager):
                 return count
             assert isinstance(message, Delta)
             count += 1
-            if count > (self.log.maxlen or LOG_SIZE):
-                raise ProtocolViolation(f"gossip: more than {self.log.maxlen} deltas in one exchange")
+            if count > MAX_DELTAS:
+                raise ProtocolViolation(f"gossip: more than {MAX_DELTAS} deltas in one exchange")
+            attempt.extend(self._transfer_time(attempt.peer_id, message.size))  # bounded: the size is capped
             if message.seq <= ours.versions.get(message.origin, 0):
                 raise ProtocolViolation(
                     f"gossip: delta {message.seq} of {message.origin}, which our digest said we hold"
@@ -166,12 +213,12 @@ class DeltaGossiper(Averager):
             delta = await self._compute(attempt, decoder.finish)
             if model_norm is None:
                 model_norm = await self._compute(attempt, self.replica.model_norm)
-            await self._absorb(
-                attempt, Published(message.origin, message.seq, delta, message.scale, message.work), model_norm
-            )
+            published = Published(message.origin, message.seq, delta, message.scale, message.work)
+            entry = EncodedDelta(message.origin, message.seq, message.scale, message.work, decoder.data)
+            await self._absorb(attempt, published, entry, model_norm)
 
-    async def _absorb(self, attempt: _Attempt, published: Published, model_norm: float) -> None:
-        """Screen a received delta, credit its work, add it to the model and keep it to pass on.
+    async def _absorb(self, attempt: _Attempt, published: Published, entry: EncodedDelta, model_norm: float) -> None:
+        """Screen a received delta, credit its work, add it to the model and keep it (`entry`, as it came) to pass on.
 
         Raises `ProtocolViolation` for a delta screening rejects (a strike, as for a model).
         """
@@ -191,4 +238,4 @@ class DeltaGossiper(Averager):
             await self._compute(attempt, self.replica.absorb, applied)
         except StaleDelta:  # state sync replaced the model meanwhile: it holds this one already
             return
-        self.log.append(published)
+        self.log.add(entry)
