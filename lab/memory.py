@@ -86,7 +86,8 @@ def worker(setting: str, data_dir: Path, seconds: float, addr_file: Path, bootst
     result.write_text(json.dumps({
         "setting": setting, "peak_rss_bytes": training_peak, "peak_rss_with_exit_checkpoint_bytes": _peak_rss(),
         "model_bytes": model_bytes, "steps": steps, "seconds": seconds,
-        "merges": status.get("exchanges", {}).get("merged", 0), "bytes_per_merge": status.get("bytes_per_merge"),
+        "merges": status.get("exchanges", {}).get("merged", 0), "exchanges": status.get("exchanges", {}),
+        "recent_exchanges": status.get("recent_exchanges", [])[-4:], "bytes_per_merge": status.get("bytes_per_merge"),
         "mean_exchange_s": status.get("mean_exchange_s"),
     }))  # fmt: skip
 

@@ -13,7 +13,7 @@ from averager_harness import Peer, last, make_peer, running, settled, stall
 
 from murmur.node.averaging.delta_gossip import GOSSIP_PROTOCOL, DeltaGossiper, DeltaLog, EncodedDelta
 from murmur.node.averaging.outcome import Result
-from murmur.node.learn.deltas import Compression
+from murmur.node.learn.deltas import Compression, Published
 from murmur.node.net.transport import ByteStream, MemoryNetwork
 from murmur.protocol.exchange import GOSSIP, Exchange, Role
 from murmur.protocol.messages import Chunk, Delta, Digest
@@ -152,10 +152,15 @@ def _delta_bytes(spec, index: int, scale: float, value: float = 1.0) -> bytes:
     return bytes(data)
 
 
-async def _hostile(send, caplog, min_link_mbit: float = math.inf, steps: int = 2) -> tuple[Peer, dict, dict, object]:
-    """`a` (8-bit deltas) initiates with a partner that answers its digest, then sends `send(a, digest)`'s messages."""
+async def _hostile(
+    send, caplog, min_link_mbit: float = math.inf, steps: int = 2, holds: dict[str, int] | None = None
+) -> tuple[Peer, dict, dict, object]:
+    """`a` (8-bit deltas, holding the deltas `holds` names) initiates with a partner that answers its
+    digest, then sends `send(a, digest)`'s messages."""
     net = MemoryNetwork()
     a = make_peer(net, "a", 0, compression=EXACT)
+    for origin, seq in (holds or {}).items():
+        a.replica.absorb(Published(origin, seq, {}, 0.5, 0.0))
     a.averager._min_link_mbit = min_link_mbit
     hostile = net.transport("hostile")
 
@@ -208,12 +213,12 @@ async def test_a_bad_delta_fails_the_exchange_earns_a_strike_and_never_touches_t
 
 
 async def test_a_delta_our_digest_said_we_hold_is_a_violation(caplog) -> None:
-    def resend_our_own(a: Peer, digest: Digest) -> list:
-        spec = a.replica.spec
-        return _one_delta(_delta_bytes(spec, 0, 1.0), origin=a.replica.deltas.origin, seq=1)(a, digest)
+    def resend_what_we_hold(a: Peer, digest: Digest) -> list:
+        assert digest.versions["0123456789abcdef"] == 5
+        return _one_delta(_delta_bytes(a.replica.spec, 0, 1.0), seq=3)(a, digest)
 
-    a, before, seen, _ = await _hostile(resend_our_own, caplog)
-    assert seen["outcome"].reason.startswith("ProtocolViolation: gossip: delta 1 of")
+    a, before, seen, _ = await _hostile(resend_what_we_hold, caplog, holds={"0123456789abcdef": 5})
+    assert seen["outcome"].reason.startswith("ProtocolViolation: gossip: delta 3 of 0123456789abcdef, which our digest")
     assert len(seen["strikes"]) == 1
     assert all(torch.equal(t, before[n]) for n, t in _live(a).items())
 

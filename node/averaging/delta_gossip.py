@@ -2,8 +2,9 @@
 
 An exchange is initiator → Digest (task, bits, the deltas its model holds), responder →
 Digest | Busy | Refuse; then each side streams, full duplex, the deltas from its recent log
-that the other lacks (a `Delta` and its `Chunk`s each) and commits. Each side first
-publishes its fresh progress as a new delta, so it leaves at once. Each delta adds its
+that the other lacks (a `Delta` and its `Chunk`s each) and commits. Once the digests are
+swapped, each side publishes its fresh progress as a new delta, so it leaves at once (and a
+busy partner says so before anyone computed anything). Each delta adds its
 own transfer time at the link's measured speed to the exchange's deadline. A delta received is
 decoded and validated off the event loop, screened, and added to the model as it arrives;
 it is passed on to later partners as it came. One that fails a check ends the exchange
@@ -131,15 +132,19 @@ class DeltaGossiper(Averager):
             self.in_exchange = False
 
     async def _digest(self, attempt: _Attempt) -> Digest:
-        """Publish this peer's fresh progress, if any, and state what the model now holds."""
-        if self.replica.fresh > 0:
-            scale = 1.0 / (len(self.table.members) + 1)  # the swarm's mean progress
-            try:
-                self.log.add(await self._compute(attempt, self._publish, scale))
-            except ValueError as exc:  # a model gone NaN has nothing to share; exchanges still bring it deltas
-                log.warning("not publishing: %s", exc)
+        """What this peer's model holds (its own newest delta aside: no partner can have that yet)."""
         versions = await self._compute(attempt, self.replica.delta_versions)
         return Digest(self.identity.run_id, self.identity.fingerprint, self.compression.bits, versions)
+
+    async def _publish_fresh(self, attempt: _Attempt) -> None:
+        """Publish this peer's fresh progress, if any, into the log."""
+        if self.replica.fresh <= 0:
+            return
+        scale = 1.0 / (len(self.table.members) + 1)  # the swarm's mean progress
+        try:
+            self.log.add(await self._compute(attempt, self._publish, scale))
+        except ValueError as exc:  # a model gone NaN has nothing to share; exchanges still bring it deltas
+            log.warning("not publishing: %s", exc)
 
     def _transfer_time(self, peer_id: str, nbytes: int) -> float:
         """The time `nbytes` may take over the link to `peer_id`: at half the speed earlier exchanges with it
@@ -154,7 +159,8 @@ class DeltaGossiper(Averager):
         return EncodedDelta(published.origin, published.seq, published.scale, published.work, data)
 
     async def _swap_deltas(self, conv: Conversation, attempt: _Attempt, ours: Digest, theirs: Digest) -> Outcome:
-        """Send the deltas the partner lacks while receiving the ones we lack, then commit."""
+        """Publish, then send the deltas the partner lacks while receiving the ones we lack, and commit."""
+        await self._publish_fresh(attempt)
         outgoing = self.log.missing(theirs.versions)
         send_errors: list[Exception] = []
 

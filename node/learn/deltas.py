@@ -83,12 +83,12 @@ def compression_for(name: str, density: float, bits: int) -> Compression | None:
     return None if name == "none" else STRONG if name == "strong" else Compression(density, bits)
 
 
-def top_entries(residual: torch.Tensor, k: int) -> torch.Tensor:
-    """The flat indices of the `k` largest-magnitude entries of `residual`, ascending (int64, CPU)."""
-    flat = residual.reshape(-1)
+def top_entries(magnitude: torch.Tensor, k: int) -> torch.Tensor:
+    """The flat indices of the `k` largest entries of `magnitude` (NaN counts as largest), ascending (int64, CPU)."""
+    flat = magnitude.reshape(-1)
     if k >= flat.numel():
         return torch.arange(flat.numel())
-    return flat.abs().topk(k, sorted=False).indices.sort().values.cpu()
+    return flat.topk(k, sorted=False).indices.sort().values.cpu()
 
 
 class DeltaReference:
@@ -142,9 +142,12 @@ class DeltaReference:
             raise ValueError(f"a delta's scale must be in (0, 1], got {scale}")
         residuals = {}
         for name, x in exchanged.items():
-            residual = x.detach().float() - self.reference[name]
-            indices = top_entries(residual, compression.entries(residual.numel()))
-            values = residual.reshape(-1)[indices.to(residual.device)].cpu()
+            reference = self.reference[name].view(-1)
+            magnitude = (x.detach().float() - self.reference[name]).abs_()  # the one tensor-sized temporary
+            indices = top_entries(magnitude, compression.entries(magnitude.numel()))
+            del magnitude
+            at = indices.to(reference.device)
+            values = (x.detach().reshape(-1)[at].float() - reference[at]).cpu()  # the signs, read again where sent
             residuals[name] = quantize_sparse(indices, values, compression.bits)  # refuses NaN and inf
         for name, delta in residuals.items():
             self._add(exchanged[name], name, delta, scale, live_share=scale - 1)

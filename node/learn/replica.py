@@ -258,13 +258,14 @@ class Replica:
 
     def _model_norm(self) -> float:
         with self._lock:
-            return math.sqrt(sum(float(t.detach().float().square().sum()) for t in self.exchanged.values()))
+            norms = [float(torch.linalg.vector_norm(t.detach(), dtype=torch.float32)) for t in self.exchanged.values()]
+            return math.sqrt(sum(n * n for n in norms))
 
     def delta_versions(self) -> dict[str, int]:
-        """The deltas this model holds: the highest sequence number per origin (none without compression)."""
-        return self._access.call(self._delta_versions)
+        """The deltas this model holds: the highest sequence number per origin (none without compression).
 
-    def _delta_versions(self) -> dict[str, int]:
+        Under the lock only, not through `access`: it reads no tensor, so it need not wait for the owner's step.
+        """
         with self._lock:
             return dict(self.deltas.versions) if self.deltas is not None else {}
 
