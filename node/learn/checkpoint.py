@@ -37,18 +37,35 @@ def _numbered(directory: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+class _Hashing:
+    """A write-only file that hashes what passes through it (what `torch.save` needs of a file)."""
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+        self.sha256 = hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.sha256.update(data)
+        return self._f.write(data)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
 def save_checkpoint(directory: Path, state: dict[str, Any]) -> Path:
     """Write `state` as the newest checkpoint in `directory`; prune older ones. Returns its path."""
     directory.mkdir(parents=True, exist_ok=True)
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    payload = buffer.getvalue()
     existing = _numbered(directory)
     number = existing[-1][0] + 1 if existing else 1
     path = directory / f"checkpoint-{number:08d}.pt"
     tmp = directory / f".{path.name}.tmp"
     with open(tmp, "wb") as f:
-        f.write(MAGIC + hashlib.sha256(payload).digest() + payload)
+        # Streamed to the file and hashed on the way, so a checkpoint never holds its payload in memory.
+        f.write(MAGIC + bytes(32))  # the digest's place, filled in below
+        payload = _Hashing(f)
+        torch.save(state, payload)
+        f.seek(len(MAGIC))
+        f.write(payload.sha256.digest())
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
