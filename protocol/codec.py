@@ -220,27 +220,17 @@ def encode_state(state: Mapping[str, torch.Tensor], spec: TensorSpec, dtype: str
     return b"".join(wire_chunks(quantize(state, spec, dtype), spec))
 
 
-class WireDecoder:
-    """Receives one model's wire bytes into a buffer sized from the local spec.
+class AnnouncedBytes:
+    """Exactly the `size` bytes a frame announced, received into one buffer allocated up front.
 
-    The constructor checks the announced dtype, layout and size against `spec` before
-    allocating anything (`MalformedMessage` for an unknown dtype, `TensorMismatch`
-    otherwise); `feed` refuses bytes beyond the announced size; `finish` checks that
-    every byte arrived, every scale is positive and finite and every value is finite
-    (`NonFiniteTensor` naming the tensor), and returns the `WireState`.
+    `feed` refuses bytes past `size`, and `whole` any fewer (`MalformedMessage`, naming `WHAT`).
     """
 
-    def __init__(self, spec: TensorSpec, dtype: str, layout: str, size: int) -> None:
-        if dtype not in WIRE_DTYPES:
-            raise MalformedMessage(f"unknown wire dtype {dtype!r}")
-        if layout != spec.layout:
-            raise TensorMismatch(f"parameter layout {layout[:12]} differs from the local model's {spec.layout[:12]}")
-        if size != spec.wire_size(dtype):
-            raise TensorMismatch(f"{size} bytes announced, the local model needs {spec.wire_size(dtype)} in {dtype}")
-        self.spec = spec
-        self.dtype = dtype
+    WHAT = "announced"
+
+    def __init__(self, size: int) -> None:
         self.size = size
-        self._buffer = torch.empty(size, dtype=torch.uint8)
+        self._buffer = np.empty(size, dtype=np.uint8)
         self._received = 0
 
     @property
@@ -251,20 +241,49 @@ class WireDecoder:
         """Append `data`; raises `MalformedMessage` if it overruns the announced size."""
         n = len(data)
         if n > self.size - self._received:
-            raise MalformedMessage(f"{self._received + n} parameter bytes sent, {self.size} were announced")
-        if n:  # numpy views `data` without a copy; the assignment is the one copy
-            self._buffer.numpy()[self._received : self._received + n] = np.frombuffer(data, dtype=np.uint8)
+            raise MalformedMessage(f"{self._received + n} {self.WHAT} bytes sent, {self.size} were announced")
+        # numpy views `data` without a copy; the assignment is the one copy
+        self._buffer[self._received : self._received + n] = np.frombuffer(data, dtype=np.uint8)
         self._received += n
+
+    def whole(self) -> np.ndarray:
+        """The received bytes; raises `MalformedMessage` unless every announced byte arrived."""
+        if not self.complete:
+            raise MalformedMessage(f"only {self._received} of {self.size} announced {self.WHAT} bytes arrived")
+        return self._buffer
+
+
+class WireDecoder(AnnouncedBytes):
+    """Receives one model's wire bytes into a buffer sized from the local spec.
+
+    The constructor checks the announced dtype, layout and size against `spec` before
+    allocating anything (`MalformedMessage` for an unknown dtype, `TensorMismatch`
+    otherwise); `feed` refuses bytes beyond the announced size; `finish` checks that
+    every byte arrived, every scale is positive and finite and every value is finite
+    (`NonFiniteTensor` naming the tensor), and returns the `WireState`.
+    """
+
+    WHAT = "parameter"
+
+    def __init__(self, spec: TensorSpec, dtype: str, layout: str, size: int) -> None:
+        if dtype not in WIRE_DTYPES:
+            raise MalformedMessage(f"unknown wire dtype {dtype!r}")
+        if layout != spec.layout:
+            raise TensorMismatch(f"parameter layout {layout[:12]} differs from the local model's {spec.layout[:12]}")
+        if size != spec.wire_size(dtype):
+            raise TensorMismatch(f"{size} bytes announced, the local model needs {spec.wire_size(dtype)} in {dtype}")
+        super().__init__(size)
+        self.spec = spec
+        self.dtype = dtype
 
     def finish(self) -> WireState:
         """The received model, validated (see the class docstring)."""
-        if not self.complete:
-            raise MalformedMessage(f"only {self._received} of {self.size} announced parameter bytes arrived")
+        buffer = torch.from_numpy(self.whole())
         offset = 0
         scales: dict[str, float] = {}
         if self.dtype == "int8":
             n = _SCALE_BYTES * len(self.spec.entries)
-            values = self._buffer[:n].view(torch.float32).tolist()
+            values = buffer[:n].view(torch.float32).tolist()
             for (name, _), scale in zip(self.spec.entries, values, strict=True):
                 if not 0 < scale <= _MAX_SCALE:  # also false for NaN
                     raise NonFiniteTensor(f"tensor {name!r} has int8 scale {scale!r}; it must be in (0, {_MAX_SCALE:.3g}]")
@@ -274,7 +293,7 @@ class WireDecoder:
         wire_dtype = WIRE_DTYPES[self.dtype]
         for name, shape in self.spec.entries:
             size = wire_dtype.itemsize * _numel(shape)
-            flat = self._buffer[offset : offset + size].view(wire_dtype)
+            flat = buffer[offset : offset + size].view(wire_dtype)
             offset += size
             if flat.is_floating_point() and not all(torch.isfinite(flat[i : i + PIECE]).all() for i in range(0, flat.numel(), PIECE)):
                 raise NonFiniteTensor(f"tensor {name!r} holds NaN or Inf")

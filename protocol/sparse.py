@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from murmur.protocol.codec import CHUNK_BYTES, TensorSpec
+from murmur.protocol.codec import CHUNK_BYTES, AnnouncedBytes, TensorSpec
 from murmur.protocol.errors import FrameTooLarge, MalformedMessage, NonFiniteTensor
 from murmur.protocol.messages import SPARSE_BITS
 
@@ -227,7 +227,7 @@ def _parse_tensor(buffer: np.ndarray, offset: int, name: str, numel: int, bits: 
     return SparseTensor(indices, _dequantize(codes, scale, bits), codes, scale, bits), end + packed_bytes
 
 
-class SparseDecoder:
+class SparseDecoder(AnnouncedBytes):
     """Receives one sparse delta of `spec` at `bits` bits into a buffer of the announced size.
 
     Before allocating, the constructor refuses an unknown `bits` or a size under 8 bytes a tensor
@@ -238,6 +238,8 @@ class SparseDecoder:
     and `NonFiniteTensor` for a scale that is not finite, or not in (0, `MAX_SCALES[bits]`] with entries.
     """
 
+    WHAT = "sparse"
+
     def __init__(self, spec: TensorSpec, bits: int, size: int) -> None:
         _check_bits(bits, MalformedMessage)
         least, most = _HEADER.size * len(spec.entries), max_sparse_size(spec, bits)
@@ -245,37 +247,22 @@ class SparseDecoder:
             raise FrameTooLarge(f"{size} sparse bytes announced, at most {most} fit the local model at {bits} bits")
         if size < least:
             raise MalformedMessage(f"{size} sparse bytes announced, {len(spec.entries)} tensors need at least {least}")
+        super().__init__(size)
         self.spec = spec
         self.bits = bits
-        self.size = size
-        self._buffer = np.empty(size, dtype=np.uint8)
-        self._received = 0
-
-    @property
-    def complete(self) -> bool:
-        return self._received == self.size
-
-    def feed(self, data: bytes | memoryview) -> None:
-        """Append `data`; raises `MalformedMessage` if it overruns the announced size."""
-        n = len(data)
-        if n > self.size - self._received:
-            raise MalformedMessage(f"{self._received + n} sparse bytes sent, {self.size} were announced")
-        self._buffer[self._received : self._received + n] = np.frombuffer(data, dtype=np.uint8)
-        self._received += n
 
     @property
     def data(self) -> bytes:
-        """The bytes received so far: a delta's wire form, to pass on as it came."""
-        return self._buffer[: self._received].tobytes()
+        """The whole delta as it came, to pass on; raises `MalformedMessage` before every byte arrived."""
+        return self.whole().tobytes()
 
     def finish(self) -> SparseState:
         """The received delta, validated (see the class docstring)."""
-        if not self.complete:
-            raise MalformedMessage(f"only {self._received} of {self.size} announced sparse bytes arrived")
+        buffer = self.whole()
         state: SparseState = {}
         offset = 0
         for name, shape in self.spec.entries:
-            state[name], offset = _parse_tensor(self._buffer, offset, name, math.prod(shape), self.bits)
+            state[name], offset = _parse_tensor(buffer, offset, name, math.prod(shape), self.bits)
         if offset != self.size:
             last = self.spec.entries[-1][0]
             raise MalformedMessage(f"{self.size - offset} bytes follow the last tensor {last!r}; the size must match")
