@@ -194,8 +194,7 @@ class Averager:
         await conv.send(Offer(self.identity.run_id, self.identity.fingerprint, snapshot.work, self.wire_dtype, fresh))
         answer = await conv.receive(Accept, Busy, Refuse)
         if isinstance(answer, (Busy, Refuse)):
-            await attempt.stream.close()
-            return attempt.outcome(Result.BUSY if isinstance(answer, Busy) else Result.REFUSED, answer.reason, self.runtime)
+            return await self._declined(attempt, answer)
         assert isinstance(answer, Accept)  # for the type checker: `receive` checked it
         claimed = _Claimed(answer.work, answer.fresh if fresh is not None else None)
         return await self._merge(conv, attempt, snapshot, claimed, initiator=True)
@@ -205,17 +204,8 @@ class Averager:
         conv = Conversation(attempt.stream, Exchange(Role.RESPONDER, AVERAGE, max_params_bytes=self._max_params))
         offer = await conv.receive(Offer)
         assert isinstance(offer, Offer)
-        mismatch = self.identity.mismatch(offer.run_id, offer.fingerprint)
-        if mismatch:
-            await conv.send(Refuse(mismatch))
-            await attempt.stream.close()
-            return attempt.outcome(Result.REFUSED, mismatch, self.runtime)
-        if self.in_exchange:
-            await conv.send(Busy("already in an exchange"))
-            await attempt.stream.close()
-            return None  # the initiator records it and tries someone else
-        self.in_exchange = True
-        try:
+
+        async def accept() -> Outcome:
             # The initiator picks the wire dtype: both sides must quantize alike for an exact merge.
             snapshot = await self._compute(attempt, self.replica.snapshot, offer.wire_dtype)
             # Fresh work is stated back only to an initiator that stated its own: peers from before the
@@ -224,6 +214,32 @@ class Averager:
             await conv.send(Accept(snapshot.work, fresh))
             claimed = _Claimed(offer.work, offer.fresh if fresh is not None else None)
             return await self._merge(conv, attempt, snapshot, claimed, initiator=False)
+
+        return await self._serve_if_free(conv, attempt, self.identity.mismatch(offer.run_id, offer.fingerprint), accept)
+
+    async def _declined(self, attempt: _Attempt, answer: Busy | Refuse) -> Outcome:
+        """The partner answered Busy or Refuse: hang up, and say which and why."""
+        assert attempt.stream is not None
+        await attempt.stream.close()
+        return attempt.outcome(Result.BUSY if isinstance(answer, Busy) else Result.REFUSED, answer.reason, self.runtime)
+
+    async def _serve_if_free(
+        self, conv: Conversation, attempt: _Attempt, mismatch: str | None, body: Callable[[], Awaitable[Outcome]]
+    ) -> Outcome | None:
+        """Refuse a partner of another run or model (`mismatch`), answer Busy while this node is in an
+        exchange (None: the initiator records it and tries someone else), else run `body` as this
+        node's one exchange."""
+        if mismatch:
+            await conv.send(Refuse(mismatch))
+            await conv.stream.close()
+            return attempt.outcome(Result.REFUSED, mismatch, self.runtime)
+        if self.in_exchange:
+            await conv.send(Busy("already in an exchange"))
+            await conv.stream.close()
+            return None
+        self.in_exchange = True
+        try:
+            return await body()
         finally:
             self.in_exchange = False
 

@@ -100,10 +100,7 @@ class DeltaGossiper(Averager):
         await conv.send(ours)
         answer = await conv.receive(Digest, Busy, Refuse)
         if isinstance(answer, (Busy, Refuse)):
-            await attempt.stream.close()
-            return attempt.outcome(
-                Result.BUSY if isinstance(answer, Busy) else Result.REFUSED, answer.reason, self.runtime
-            )
+            return await self._declined(attempt, answer)
         assert isinstance(answer, Digest)
         return await self._swap_deltas(conv, attempt, ours, answer)
 
@@ -115,21 +112,13 @@ class DeltaGossiper(Averager):
         mismatch = self.identity.mismatch(theirs.run_id, theirs.fingerprint)
         if not mismatch and theirs.bits != self.compression.bits:
             mismatch = f"deltas travel in {self.compression.bits} bits here, {theirs.bits} there"
-        if mismatch:
-            await conv.send(Refuse(mismatch))
-            await attempt.stream.close()
-            return attempt.outcome(Result.REFUSED, mismatch, self.runtime)
-        if self.in_exchange:
-            await conv.send(Busy("already in an exchange"))
-            await attempt.stream.close()
-            return None
-        self.in_exchange = True
-        try:
+
+        async def answer() -> Outcome:
             ours = await self._digest(attempt)
             await conv.send(ours)
             return await self._swap_deltas(conv, attempt, ours, theirs)
-        finally:
-            self.in_exchange = False
+
+        return await self._serve_if_free(conv, attempt, mismatch, answer)
 
     async def _digest(self, attempt: _Attempt) -> Digest:
         """What this peer's model holds (its own newest delta aside: no partner can have that yet)."""
