@@ -26,9 +26,9 @@ from typing import Any, Protocol
 
 import torch
 
+from murmur.node.learn.deltas import Compression, Published
 from murmur.node.learn.loop import TrainingLoop
-from murmur.node.learn.deltas import Compression
-from murmur.node.learn.replica import Published, Replica, Snapshot
+from murmur.node.learn.replica import Replica, Snapshot
 from murmur.node.learn.rules import MergeRule, make_rule
 from murmur.node.learn.step import scale_learning_rate, train_step
 from murmur.node.learn.tasks import Task

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from murmur.node.learn.tensors import flat_update
 from murmur.protocol.sparse import SPARSE_BITS, SparseTensor, quantize_sparse
 
 SparseDelta = dict[str, SparseTensor]
@@ -108,8 +109,12 @@ class DeltaReference:
         """Start over with no residual: r = x (a new model, one adopted whole, or one restored without r),
         a model that holds the deltas `versions` names (none by default)."""
         self.reference = {name: _contiguous_copy(t, t.device) for name, t in exchanged.items()}
+        self._hold(versions or {})
+
+    def _hold(self, versions: Mapping[str, int]) -> None:
+        """The model holds the deltas `versions` names, and this origin's own."""
         self.versions = {}
-        for origin, seq in (versions or {}).items():
+        for origin, seq in versions.items():
             self._advance(origin, seq)
         if self.seq:
             self._advance(self.origin, self.seq)
@@ -173,12 +178,7 @@ class DeltaReference:
         indices = delta.indices.to(reference.device)
         values = delta.values.to(reference.device)
         reference.index_add_(0, indices, values, alpha=scale)
-        flat = live.detach().view(-1) if live.is_contiguous() else None
-        if flat is None:  # a non-contiguous tensor: update a copy, write it back
-            flat = live.detach().reshape(-1).clone()
-            flat.index_add_(0, indices, values.to(flat.dtype), alpha=live_share)
-            live.detach().copy_(flat.view_as(live))
-        else:
+        with flat_update(live.detach()) as flat:
             flat.index_add_(0, indices, values.to(flat.dtype), alpha=live_share)
 
     def state_dict(self) -> dict:
@@ -190,8 +190,8 @@ class DeltaReference:
         saved = state.get("reference", {})
         if set(saved) != set(exchanged) or any(saved[n].shape != t.shape for n, t in exchanged.items()):
             raise ValueError("the saved delta reference does not fit this model's tensors")
-        self.reset(exchanged, state.get("versions", {}))
         self.reference = {n: _contiguous_copy(saved[n], t.device) for n, t in exchanged.items()}
+        self._hold(state.get("versions", {}))
 
 
 def _contiguous_copy(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:

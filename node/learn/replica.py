@@ -14,12 +14,11 @@ merged or adopted tensors may come from any device and float dtype.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -29,7 +28,7 @@ from torch import nn
 from murmur.node.learn.deltas import Compression, DeltaReference, Published
 from murmur.node.learn.device import cpu_copy
 from murmur.node.learn.rules import MergeDelta, MergeRule, WorkRule
-from murmur.node.learn.tensors import ExchangedTensors
+from murmur.node.learn.tensors import ExchangedTensors, flat_update
 from murmur.node.learn.weight_average import WeightAverage
 from murmur.protocol.codec import TensorSpec, WireState, pieces, quantize
 
@@ -85,15 +84,6 @@ def model_device(model: nn.Module) -> torch.device:
     if len(devices) != 1:
         raise ValueError(f"the model's tensors are on {len(devices)} devices ({sorted(map(str, devices))}); Murmur needs one")
     return devices.pop()
-
-
-@contextlib.contextmanager
-def _flat(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
-    """A flat view of `tensor` to update in place (via a copy written back if it is not contiguous)."""
-    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
-    yield flat
-    if flat.data_ptr() != tensor.data_ptr():
-        tensor.copy_(flat.view_as(tensor))
 
 
 class Replica:
@@ -217,7 +207,7 @@ class Replica:
                     f"the merged model would not be finite ({unfinite!r} has NaN or inf): kept the local model"
                 )
             for name in delta:
-                with _flat(self.exchanged[name]) as flat:
+                with flat_update(self.exchanged[name]) as flat:
                     for elements, change in delta.pieces(name):
                         flat[elements].add_(change.to(flat.device, flat.dtype), alpha=scale.get(name, 1.0))
                     if name in self.exchanged.nonnegative:
@@ -296,7 +286,7 @@ class Replica:
     def _adopt(self, state: Mapping[str, torch.Tensor], work: float, versions: Mapping[str, int] | None) -> None:
         with self._lock, torch.no_grad():
             for name in state:
-                with _flat(self.exchanged[name]) as flat:
+                with flat_update(self.exchanged[name]) as flat:
                     for elements, piece in pieces(state, name):
                         flat[elements].copy_(piece.to(flat.device, flat.dtype))
             self.work = work

@@ -8,6 +8,7 @@ first name, so they travel once and a merge moves them once.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 
 import torch
@@ -63,6 +64,15 @@ class ExchangedTensors(Mapping[str, torch.Tensor]):
 
     def __len__(self) -> int:
         return len(self._tensors)
+
+
+@contextlib.contextmanager
+def flat_update(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
+    """A flat view of `tensor` to update in place (via a copy written back if it is not contiguous)."""
+    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
+    yield flat
+    if flat.data_ptr() != tensor.data_ptr():
+        tensor.copy_(flat.view_as(tensor))
 
 
 def untie(state: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
