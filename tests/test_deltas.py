@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from murmur.node.learn.deltas import (
+    EXACT_BELOW,
     MAX_ORIGINS,
     STRONG,
     Compression,
@@ -50,9 +53,23 @@ def test_compression_names_say_what_they_send() -> None:
         compression_for("zip", 0.01, 2)
 
 
+def _publish(ref: DeltaReference, live: dict, compression: Compression, scale: float, work: float) -> Published:
+    return ref.publish(live, ref.select(live, compression), compression.bits, scale, work)
+
+
 def test_top_entries_are_the_largest_in_ascending_order() -> None:
     assert top_entries(torch.tensor([0.1, 5.0, 0.2, 3.0, 0.3]), 2).tolist() == [1, 3]
     assert top_entries(torch.tensor([1.0, 2.0]), 5).tolist() == [0, 1]
+
+
+def test_top_entries_of_a_large_tensor_are_near_the_top_and_never_too_many() -> None:
+    magnitude = torch.rand(EXACT_BELOW * 2, generator=torch.Generator().manual_seed(0))
+    magnitude[12345] = math.nan  # a diverged entry is always sent, so quantizing refuses it
+    k = 2000
+    exact = set(top_entries(magnitude, k).tolist())
+    chosen = top_entries(magnitude, k, torch.Generator().manual_seed(1))
+    assert chosen.numel() <= k and torch.equal(chosen, chosen.unique())  # ascending, no duplicates
+    assert 12345 in chosen.tolist() and len(exact & set(chosen.tolist())) >= 0.9 * k
 
 
 @pytest.mark.parametrize(("density", "bits"), [(0.1, 2), (0.5, 4), (1.0, 8)])
@@ -64,7 +81,7 @@ def test_publishing_moves_exactly_the_sent_delta_out_of_the_residual(density: fl
     for n in live:  # progress since the reference
         live[n].copy_(trained[n])
     before = {n: r.clone() for n, r in _residual(live, ref).items()}
-    published = ref.publish(live, Compression(density, bits), scale, work=10.0)
+    published = _publish(ref, live, Compression(density, bits), scale, work=10.0)
     sent = _dense(published.delta, live)
     after = _residual(live, ref)
     for n in live:  # residual after + what was sent = residual before
@@ -80,7 +97,7 @@ def test_repeated_publishing_drains_the_residual_at_the_compression_rate() -> No
         live[n].copy_(t)
     norms = [ref.residual_norm(live)]
     for _ in range(30):  # no new progress: error feedback sends what earlier deltas left out
-        ref.publish(live, Compression(0.1, 2), 1.0, work=0.0)
+        _publish(ref, live, Compression(0.1, 2), 1.0, work=0.0)
         norms.append(ref.residual_norm(live))
     assert norms[-1] < 0.05 * norms[0]
 
@@ -93,7 +110,7 @@ def test_an_applied_delta_moves_the_model_and_reference_alike() -> None:
     receiver_live["w"] += 0.5  # the receiver's own progress
     own = {n: r.clone() for n, r in _residual(receiver_live, receiver).items()}
     before = {n: t.clone() for n, t in receiver_live.items()}
-    published = sender.publish(sender_live, Compression(0.2, 4), 0.5, work=3.0)
+    published = _publish(sender, sender_live, Compression(0.2, 4), 0.5, work=3.0)
     receiver.apply(receiver_live, published)
     for n, change in _dense(published.delta, receiver_live).items():
         torch.testing.assert_close(receiver_live[n], before[n] + 0.5 * change)
@@ -107,7 +124,7 @@ def test_two_peers_that_applied_each_others_deltas_differ_by_their_residuals_onl
     for step in range(5):
         a_live["w"] += 0.1 * torch.randn(8, 16, generator=torch.Generator().manual_seed(step))
         b_live["b"] -= 0.2
-        da, db = a.publish(a_live, Compression(0.3, 8), 0.5, 1.0), b.publish(b_live, Compression(0.3, 8), 0.5, 1.0)
+        da, db = _publish(a, a_live, Compression(0.3, 8), 0.5, 1.0), _publish(b, b_live, Compression(0.3, 8), 0.5, 1.0)
         b.apply(b_live, da)
         a.apply(a_live, db)
     for n in start:  # x_a − x_b = residual_a − residual_b: the applied deltas agree
@@ -122,7 +139,7 @@ def test_a_non_finite_residual_is_refused_before_anything_is_written() -> None:
     live["b"][3] = float("nan")
     saved = {n: t.clone() for n, t in ref.reference.items()}
     with pytest.raises(ValueError):
-        ref.publish(live, Compression(1.0, 8), 1.0, 0.0)
+        _publish(ref, live, Compression(1.0, 8), 1.0, 0.0)
     for n, kept in saved.items():
         assert torch.equal(ref.reference[n], kept)
 
@@ -132,7 +149,7 @@ def test_a_non_contiguous_tensor_is_updated_in_place() -> None:
     live = {"t": base.t()}  # a transposed view: not contiguous
     ref = DeltaReference(live)
     live["t"] += 1.0
-    published = ref.publish(live, Compression(1.0, 8), 1.0, 0.0)
+    published = _publish(ref, live, Compression(1.0, 8), 1.0, 0.0)
     assert torch.equal(base.t(), live["t"]) and published.delta["t"].indices.numel() == 128
     assert ref.residual_norm(live) < 0.1
 
@@ -142,8 +159,8 @@ def test_deltas_are_named_by_origin_and_sequence_and_never_applied_twice() -> No
     a, b = DeltaReference(a_live), DeltaReference(b_live)
     assert a.origin != b.origin
     a_live["w"] += 1.0
-    first = a.publish(a_live, Compression(0.1, 2), 0.5, 0.0)
-    second = a.publish(a_live, Compression(0.1, 2), 0.5, 0.0)
+    first = _publish(a, a_live, Compression(0.1, 2), 0.5, 0.0)
+    second = _publish(a, a_live, Compression(0.1, 2), 0.5, 0.0)
     assert (first.seq, second.seq) == (1, 2) and a.versions == {a.origin: 2}
     b.apply(b_live, second)  # a gap (first never arrived) is skipped: its mass is lost, never doubled
     before = {n: t.clone() for n, t in b_live.items()}
@@ -166,7 +183,7 @@ def test_the_reference_and_versions_survive_a_checkpoint_exactly() -> None:
     live = _model()
     ref = DeltaReference(live)
     live["w"] += 1.0
-    ref.publish(live, Compression(0.1, 2), 0.5, 0.0)
+    _publish(ref, live, Compression(0.1, 2), 0.5, 0.0)
     restored = DeltaReference(_model(5))
     restored.load_state_dict(ref.state_dict(), live)
     for n in live:

@@ -296,3 +296,33 @@ def test_adopting_a_synced_model_takes_the_deltas_it_holds() -> None:
     step(replica)
     replica.adopt(make(seed=1).snapshot().state, 64.0, {"elsewhere": 7})
     assert replica.delta_versions() == {"elsewhere": 7} and replica.deltas.residual_norm(replica.exchanged) == 0
+
+
+def test_publishing_chooses_its_entries_before_it_waits_for_the_owner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Selecting the top entries reads the whole model: it runs on the caller's thread, so the
+    owner's loop pauses only for reading and moving the chosen entries."""
+    inside: list[bool] = []
+
+    class Watched:
+        def __init__(self) -> None:
+            self.running = False
+
+        def call(self, func: Any, *args: Any) -> Any:
+            self.running = True
+            try:
+                return func(*args)
+            finally:
+                self.running = False
+
+    access = Watched()
+    replica = make(compression=Compression(0.1, 2), access=access)
+    select = replica.deltas.select
+
+    def watched_select(*args: Any) -> dict:
+        inside.append(access.running)
+        return select(*args)
+
+    monkeypatch.setattr(replica.deltas, "select", watched_select)
+    step(replica)
+    published = replica.publish(0.5)
+    assert inside == [False] and published.seq == 1

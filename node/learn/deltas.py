@@ -34,6 +34,9 @@ from murmur.protocol.sparse import SPARSE_BITS, SparseTensor, quantize_sparse
 
 SparseDelta = dict[str, SparseTensor]
 MAX_ORIGINS = 256  # origins a peer remembers; the least recently heard go first
+EXACT_BELOW = 1 << 20  # entries: smaller tensors get an exact top-k
+THRESHOLD_SAMPLE = 1 << 16  # entries sampled to estimate a large tensor's top-k threshold
+THRESHOLD_MARGIN = 1.25  # the threshold aims this much above k, so that the sample's error rarely leaves fewer
 
 
 class StaleDelta(ValueError):
@@ -84,11 +87,27 @@ def compression_for(name: str, density: float, bits: int) -> Compression | None:
     return None if name == "none" else STRONG if name == "strong" else Compression(density, bits)
 
 
-def top_entries(magnitude: torch.Tensor, k: int) -> torch.Tensor:
-    """The flat indices of the `k` largest entries of `magnitude` (NaN counts as largest), ascending (int64, CPU)."""
+def top_entries(magnitude: torch.Tensor, k: int, sampler: torch.Generator | None = None) -> torch.Tensor:
+    """The flat indices of at most `k` of the largest entries of `magnitude` (NaN counts as largest),
+    ascending (int64, CPU).
+
+    Exact below `EXACT_BELOW` entries or without a `sampler`. Above it, a threshold estimated from
+    a random sample of `THRESHOLD_SAMPLE` entries preselects the candidates, and the exact top `k`
+    of those is returned: any choice of entries conserves mass (what is left stays in the
+    residual), so a near-top set costs little, while an exact top-k of a large tensor costs a
+    sort's worth of time.
+    """
     flat = magnitude.reshape(-1)
     if k >= flat.numel():
         return torch.arange(flat.numel())
+    if sampler is not None and flat.numel() >= EXACT_BELOW:
+        sample = flat[torch.randint(flat.numel(), (THRESHOLD_SAMPLE,), generator=sampler).to(flat.device)]
+        above = min(THRESHOLD_SAMPLE, math.ceil(THRESHOLD_MARGIN * THRESHOLD_SAMPLE * k / flat.numel()))
+        threshold = sample.kthvalue(THRESHOLD_SAMPLE - above + 1).values  # NaN sorts last: a NaN sample keeps all
+        candidates = ((flat >= threshold) | flat.isnan()).nonzero().squeeze(1)
+        if candidates.numel() <= k:
+            return candidates.cpu()
+        return candidates[flat[candidates].topk(k, sorted=False).indices].sort().values.cpu()
     return flat.topk(k, sorted=False).indices.sort().values.cpu()
 
 
@@ -101,6 +120,7 @@ class DeltaReference:
     def __init__(self, exchanged: Mapping[str, torch.Tensor]) -> None:
         self.origin = secrets.token_hex(8)
         self.seq = 0
+        self._sampler = torch.Generator().manual_seed(secrets.randbits(63))  # not the user's global RNG
         self.reference: dict[str, torch.Tensor] = {}
         self.versions: dict[str, int] = {}
         self.reset(exchanged)
@@ -133,27 +153,39 @@ class DeltaReference:
         """‖x − r‖: how much unpublished progress this peer holds."""
         return math.sqrt(sum(float((x.float() - self.reference[n]).square().sum()) for n, x in exchanged.items()))
 
-    def publish(
-        self, exchanged: Mapping[str, torch.Tensor], compression: Compression, scale: float, work: float
-    ) -> Published:
-        """Compress the residual into a delta u, keep s·u of it here (`scale` s in (0, 1]) and return u,
-        named as this origin's next delta, carrying `work`.
+    def select(self, exchanged: Mapping[str, torch.Tensor], compression: Compression) -> dict[str, torch.Tensor]:
+        """Which entries of each tensor's residual a delta sends: its largest (`top_entries`).
 
-        A tensor's residual is read once, a tensor-sized temporary at a time. Raises
-        `ValueError` for a scale outside (0, 1] or a residual that is not finite (the model
-        diverged): nothing was written then.
+        Safe without the caller's lock, while the model trains: a step or merge meanwhile
+        changes which entries are chosen, never what `publish` then sends or keeps, so mass is
+        conserved whatever this read saw. A tensor's residual is read once, one tensor-sized
+        temporary at a time.
+        """
+        selection = {}
+        for name, x in exchanged.items():
+            magnitude = (x.detach().float() - self.reference[name]).abs_()  # the one tensor-sized temporary
+            selection[name] = top_entries(magnitude, compression.entries(magnitude.numel()), self._sampler)
+        return selection
+
+    def publish(
+        self, exchanged: Mapping[str, torch.Tensor], selection: Mapping[str, torch.Tensor], bits: int, scale: float,
+        work: float,
+    ) -> Published:
+        """Quantize the residual's `selection` (from `select`, ascending flat indices per tensor) to `bits`
+        into a delta u, keep s·u of it here (`scale` s in (0, 1]) and return u, named as this origin's
+        next delta, carrying `work`.
+
+        Reads and writes only the selected entries. Raises `ValueError` for a scale outside (0, 1]
+        or a selected residual that is not finite (the model diverged): nothing was written then.
         """
         if not 0 < scale <= 1:
             raise ValueError(f"a delta's scale must be in (0, 1], got {scale}")
         residuals = {}
-        for name, x in exchanged.items():
+        for name, indices in selection.items():
             reference = self.reference[name].view(-1)
-            magnitude = (x.detach().float() - self.reference[name]).abs_()  # the one tensor-sized temporary
-            indices = top_entries(magnitude, compression.entries(magnitude.numel()))
-            del magnitude
             at = indices.to(reference.device)
-            values = (x.detach().reshape(-1)[at].float() - reference[at]).cpu()  # the signs, read again where sent
-            residuals[name] = quantize_sparse(indices, values, compression.bits)  # refuses NaN and inf
+            values = (exchanged[name].detach().reshape(-1)[at].float() - reference[at]).cpu()
+            residuals[name] = quantize_sparse(indices, values, bits)  # refuses NaN and inf
         for name, delta in residuals.items():
             self._add(exchanged[name], name, delta, scale, live_share=scale - 1)
         self.seq += 1

@@ -228,28 +228,33 @@ class Replica:
         """Compress this peer's unpublished progress into a delta that every model adds `scale` of, this one
         included (`DeltaReference.publish`); the fresh work goes with it, and this model keeps its share.
 
+        The costly part, choosing the entries (`DeltaReference.select`), runs on the calling thread
+        while the model trains; only reading and moving those entries goes through `access`.
         Raises `ValueError` without compression, or (writing nothing) for a model that is not finite.
         """
-        return self._access.call(self._publish, scale)
-
-    def _publish(self, scale: float) -> Published:
         if self.deltas is None or self.compression is None:
             raise ValueError("this replica keeps no delta reference: it was built without compression")
+        with torch.no_grad():
+            selection = self.deltas.select(self.exchanged, self.compression)
+        return self._access.call(self._publish, scale, selection)
+
+    def _publish(self, scale: float, selection: Mapping[str, torch.Tensor]) -> Published:
+        assert self.deltas is not None and self.compression is not None
         with self._lock, torch.no_grad():
-            published = self.deltas.publish(self.exchanged, self.compression, scale, scale * self.fresh)
+            published = self.deltas.publish(self.exchanged, selection, self.compression.bits, scale, scale * self.fresh)
             self.work -= self.fresh - published.work
             self.fresh = 0.0
             self.version += 1
             return published
 
     def model_norm(self) -> float:
-        """The L2 norm of the exchanged tensors: the yardstick for how far a partner may move them."""
-        return self._access.call(self._model_norm)
+        """The L2 norm of the exchanged tensors: the yardstick for how far a partner may move them.
 
-    def _model_norm(self) -> float:
-        with self._lock:
-            norms = [float(torch.linalg.vector_norm(t.detach(), dtype=torch.float32)) for t in self.exchanged.values()]
-            return math.sqrt(sum(n * n for n in norms))
+        Read while the model trains, without `access` or the lock: a step more or less moves a
+        yardstick by far less than screening's bounds allow.
+        """
+        norms = [float(torch.linalg.vector_norm(t.detach(), dtype=torch.float32)) for t in self.exchanged.values()]
+        return math.sqrt(sum(n * n for n in norms))
 
     def delta_versions(self) -> dict[str, int]:
         """The deltas this model holds: the highest sequence number per origin (none without compression).
