@@ -7,11 +7,18 @@ runs the same training loop once without Murmur. Every process builds the model 
 download), trains it with AdamW on random tokens, and reports its peak RSS, steps, merges and bytes
 and seconds per merge. Settings run one after another; the JSON results and a table (peak RSS while
 training, and with the exit checkpoint, in float32 model copies over the plain loop's) go to `--out`.
+
+    python -m lab.memory --settings plain,none,strong --seconds 240 --link-mbit 20 --out results/memory-20mbit
+
+`--link-mbit` runs each peer in a network namespace of its own whose link is capped at that rate
+both ways (lab.netns; needs root). Both peers build the same model from one seed, so there the
+newcomer skips state sync, which would pull the whole float32 model over the slow link first.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -21,6 +28,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from lab.netns import Network
 
 BATCH, TOKENS = 1, 64  # a small step: the point is memory, and 2 cores run 2 peers
 
@@ -39,7 +48,10 @@ def torch_seed() -> None:
     torch.manual_seed(0)  # every peer starts from the same model
 
 
-def worker(setting: str, data_dir: Path, seconds: float, addr_file: Path, bootstrap: Path | None, result: Path) -> None:
+def worker(
+    setting: str, data_dir: Path, seconds: float, addr_file: Path, bootstrap: Path | None, result: Path,
+    listen: str, sync_state: bool,
+) -> None:
     """Train for `seconds` (with a `murmur.Peer` unless `setting` is "plain") and write what it measured to `result`."""
     import torch
 
@@ -63,7 +75,8 @@ def worker(setting: str, data_dir: Path, seconds: float, addr_file: Path, bootst
             run_id="memory",
             data_dir=str(data_dir),
             bootstrap=boot,
-            listen=["/ip4/127.0.0.1/tcp/0"],
+            listen=[listen],
+            no_state_sync=not sync_state,
             compression=setting,
             checkpoint_every=1e9,
         )
@@ -96,8 +109,8 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def run_setting(setting: str, seconds: float, root: Path) -> list[dict]:
-    """Run one setting's processes to the end; return their results."""
+def run_setting(setting: str, seconds: float, root: Path, hosts: list | None = None) -> list[dict]:
+    """Run one setting's processes to the end, in `hosts` (lab.netns namespaces) if given; return their results."""
     count = 1 if setting == "plain" else 2
     procs, results = [], []
     for i in range(count):
@@ -118,8 +131,12 @@ def run_setting(setting: str, seconds: float, root: Path) -> list[dict]:
             "--result",
             str(result),
             *(["--bootstrap-file", str(boot)] if boot else []),
+            "--listen",
+            f"/ip4/{hosts[i].address if hosts else '127.0.0.1'}/tcp/0",
+            *(["--no-state-sync"] if hosts else []),
         ]
-        procs.append((subprocess.Popen(argv, start_new_session=True), result))
+        proc = hosts[i].popen(argv) if hosts else subprocess.Popen(argv, start_new_session=True)
+        procs.append((proc, result))
     try:
         for proc, result in procs:
             proc.wait(timeout=seconds + 600)
@@ -136,18 +153,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settings", default="plain,none,strong")
     parser.add_argument("--seconds", type=float, default=150.0)
     parser.add_argument("--out", type=Path, default=Path("results/memory"))
+    parser.add_argument("--link-mbit", type=float, help="cap each peer's link at this rate (network namespaces)")
+    parser.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0", help=argparse.SUPPRESS)
+    parser.add_argument("--no-state-sync", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--data-dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--bootstrap-file", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        worker(args.worker, args.data_dir, args.seconds, args.data_dir / "addrs", args.bootstrap_file, args.result)
+        worker(args.worker, args.data_dir, args.seconds, args.data_dir / "addrs", args.bootstrap_file, args.result,
+               args.listen, not args.no_state_sync)
         return 0
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        hosts = None
+        if args.link_mbit:
+            network = stack.enter_context(Network(prefix="mem"))
+            hosts = [network.host(f"p{i}", link_mbit=args.link_mbit) for i in range(2)]
         for setting in args.settings.split(","):
-            rows += run_setting(setting, args.seconds, Path(tmp))
+            rows += [{**row, "link_mbit": args.link_mbit} for row in run_setting(setting, args.seconds, Path(tmp), hosts)]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(rows, indent=1))
     plain = next((r["peak_rss_bytes"] for r in rows if r["setting"] == "plain"), None)
