@@ -1,10 +1,12 @@
+import hashlib
+import io
 import logging
 from pathlib import Path
 
 import pytest
 import torch
 
-from murmur.node.learn.checkpoint import CorruptCheckpoint, load_latest, read_checkpoint, save_checkpoint
+from murmur.node.learn.checkpoint import MAGIC, CorruptCheckpoint, load_latest, read_checkpoint, save_checkpoint
 from murmur.node.learn.loop import TrainingLoop
 from murmur.node.learn.tasks import CharLMTask, DigitsTask
 
@@ -29,8 +31,8 @@ def test_every_truncation_of_the_newest_falls_back_to_the_previous(tmp_path: Pat
     with caplog.at_level(logging.WARNING, logger="murmur.checkpoint"):
         state, path = load_latest(tmp_path)
     assert state["n"] == 1 and path.name == "checkpoint-00000001.pt"
-    assert caplog.messages == ["checkpoint unusable: checkpoint-00000002.pt: checksum mismatch (truncated or altered, "
-                               f"{len(data) - 1 - 41} payload bytes); trying an older one"]
+    assert caplog.messages == ["checkpoint unusable: checkpoint-00000002.pt: no checksum trailer (truncated, or not a "
+                               "Murmur checkpoint); trying an older one"]
     # The corrupt file is set aside, so the next save cannot prune the good one.
     save_checkpoint(tmp_path, {"n": 3})
     assert load_latest(tmp_path)[0] == {"n": 3}
@@ -45,6 +47,24 @@ def test_a_flipped_byte_is_detected(tmp_path: Path) -> None:
     with pytest.raises(CorruptCheckpoint, match="checksum mismatch"):
         read_checkpoint(path)
     assert load_latest(tmp_path) is None
+
+
+def test_a_checkpoint_loads_with_torch_load_as_it_is(tmp_path: Path) -> None:
+    path = save_checkpoint(tmp_path, {"n": 1, "w": torch.arange(4.0)})
+    state = torch.load(path, weights_only=True)
+    assert state["n"] == 1 and torch.equal(state["w"], torch.arange(4.0))
+
+
+def test_a_checkpoint_in_the_earlier_headed_layout_still_loads(tmp_path: Path) -> None:
+    payload = io.BytesIO()
+    torch.save({"n": 7, "w": torch.ones(3)}, payload)
+    data = payload.getvalue()
+    path = tmp_path / "checkpoint-00000001.pt"
+    path.write_bytes(MAGIC + hashlib.sha256(data).digest() + data)
+    assert read_checkpoint(path)["n"] == 7
+    path.write_bytes(MAGIC + hashlib.sha256(data).digest() + data[:-1])
+    with pytest.raises(CorruptCheckpoint, match="checksum mismatch"):
+        read_checkpoint(path)
 
 
 def test_a_write_killed_midway_leaves_only_a_stray_temporary(tmp_path: Path) -> None:

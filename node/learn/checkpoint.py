@@ -1,7 +1,9 @@
 """Durable checkpoints: atomic, checksummed, with fallback to the previous one.
 
-A checkpoint file is `MAGIC | sha256(payload) | payload`, where the payload is a
-`torch.save` of plain tensors and numbers (loaded with `weights_only=True`). Writes go
+A checkpoint file is `payload | TRAILER_MAGIC | sha256(payload)`, where the payload is a
+`torch.save` of plain tensors and numbers: `torch.load(path, weights_only=True)` reads the
+file as it is (it ignores the trailer), and Murmur checks the digest first. Files that
+earlier versions wrote, `MAGIC | sha256(payload) | payload`, still load. Writes go
 to a temporary file that is fsynced and renamed, so a crash mid-write leaves at worst
 a stray temporary file, never a damaged checkpoint under a real name. The newest
 `KEEP` checkpoints are kept; loading walks from the newest to the oldest and reports
@@ -20,7 +22,10 @@ from typing import Any
 
 import torch
 
-MAGIC = b"MURMURCK1"
+MAGIC = b"MURMURCK1"  # the header of checkpoints written before the trailer
+TRAILER_MAGIC = b"MURMURCK2"
+TRAILER = len(TRAILER_MAGIC) + 32
+HASH_CHUNK = 1 << 20
 KEEP = 2
 _NAME = re.compile(r"^checkpoint-(\d{8})\.pt$")
 log = logging.getLogger("murmur.checkpoint")
@@ -61,11 +66,9 @@ def save_checkpoint(directory: Path, state: dict[str, Any]) -> Path:
     tmp = directory / f".{path.name}.tmp"
     with open(tmp, "wb") as f:
         # Streamed to the file and hashed on the way, so a checkpoint never holds its payload in memory.
-        f.write(MAGIC + bytes(32))  # the digest's place, filled in below
         payload = _Hashing(f)
         torch.save(state, payload)
-        f.seek(len(MAGIC))
-        f.write(payload.sha256.digest())
+        f.write(TRAILER_MAGIC + payload.sha256.digest())
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -80,17 +83,44 @@ def save_checkpoint(directory: Path, state: dict[str, Any]) -> Path:
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
-    """Read and verify one checkpoint; raises `CorruptCheckpoint` naming the problem."""
-    data = path.read_bytes()
-    header = len(MAGIC) + 32
-    if len(data) < header or not data.startswith(MAGIC):
-        raise CorruptCheckpoint(f"{path.name}: not a Murmur checkpoint or truncated header ({len(data)} bytes)")
-    digest, payload = data[len(MAGIC) : header], data[header:]
-    if hashlib.sha256(payload).digest() != digest:
+    """Read and verify one checkpoint; raises `CorruptCheckpoint` naming the problem.
+
+    The digest is checked a chunk at a time before anything is unpickled, so reading holds the
+    loaded state, not the file's bytes too.
+    """
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if f.read(len(MAGIC)) == MAGIC:
+            return _read_headed(path, f.read())
+        if size < TRAILER:
+            raise CorruptCheckpoint(f"{path.name}: not a Murmur checkpoint or truncated ({size} bytes)")
+        f.seek(size - TRAILER)
+        trailer = f.read(TRAILER)
+        if not trailer.startswith(TRAILER_MAGIC):
+            raise CorruptCheckpoint(f"{path.name}: no checksum trailer (truncated, or not a Murmur checkpoint)")
+        f.seek(0)
+        sha256, left = hashlib.sha256(), size - TRAILER
+        while left > 0 and (chunk := f.read(min(HASH_CHUNK, left))):
+            sha256.update(chunk)
+            left -= len(chunk)
+        if sha256.digest() != trailer[len(TRAILER_MAGIC) :]:
+            raise CorruptCheckpoint(f"{path.name}: checksum mismatch (altered, {size - TRAILER} payload bytes)")
+        f.seek(0)
+        return _loaded(path, f)
+
+
+def _read_headed(path: Path, rest: bytes) -> dict[str, Any]:
+    """A checkpoint in the earlier layout, `MAGIC | digest | payload`; `rest` is what follows MAGIC."""
+    digest, payload = rest[:32], rest[32:]
+    if len(digest) < 32 or hashlib.sha256(payload).digest() != digest:
         raise CorruptCheckpoint(f"{path.name}: checksum mismatch (truncated or altered, {len(payload)} payload bytes)")
+    return _loaded(path, io.BytesIO(payload))
+
+
+def _loaded(path: Path, payload: Any) -> dict[str, Any]:
     try:
         # map_location: a checkpoint written next to a GPU still loads on a CPU-only machine.
-        state = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
+        state = torch.load(payload, weights_only=True, map_location="cpu")
     except Exception as exc:  # checksum matched, so this is a format/version problem
         raise CorruptCheckpoint(f"{path.name}: unreadable payload ({exc})") from None
     if not isinstance(state, dict):
