@@ -257,6 +257,21 @@ async def test_a_newcomer_adopts_its_partners_model_without_screening_it() -> No
         assert newcomer.replica.work == veteran.replica.work == 5 * BATCH / 2
 
 
+async def test_a_transfer_announced_as_the_deadline_fires_still_ends_in_a_timeout() -> None:
+    """Extending a deadline that already fired must not turn the timeout into a silent exit (no outcome)."""
+    async with peers(1) as (a,):
+        attempt = a.averager._begin("partner")
+
+        async def announce_late(attempt: Any) -> None:
+            try:
+                await anyio.sleep(10 * a.averager.timeout_s)
+            finally:
+                attempt.extend(100.0)  # e.g. a delta announced while the cancellation unwinds
+
+        outcome = await a.averager._attempt(attempt, announce_late)
+        assert (outcome.result, outcome.reason) == (Result.FAILED, f"timed out after {a.averager.timeout_s:.3g}s")
+
+
 # --- staleness: fresh work stated in Offer and Accept -------------------------------------
 
 

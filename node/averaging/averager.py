@@ -69,7 +69,9 @@ class _Attempt:
     scope: anyio.CancelScope | None = None  # its deadline
 
     def extend(self, seconds: float) -> None:
-        """Give the exchange `seconds` more (a transfer announced after it started)."""
+        """Give the exchange `seconds` more (a transfer announced after it started); too late once it timed out."""
+        if self.scope is not None and self.scope.cancel_called:
+            return  # a deadline moved past now would no longer count the cancellation as a timeout
         self.allowed_s += seconds
         if self.scope is not None:
             self.scope.deadline += seconds
