@@ -116,7 +116,7 @@ function renderChart(chart, series, opts) {
   if (opts.zero || opts.mirror) { lo = Math.min(0, lo); hi = Math.max(0, hi); }
   const top = opts.legend ? 8 + FONT_PX + 6 : 8, bottom = 22;
   const plotH = H - top - bottom;
-  const axis = log ? logAxis(lo, hi) : linearAxis(lo, hi, Math.max(2, Math.round(plotH / 28)));
+  const axis = log ? logAxis(lo, hi) : linearAxis(lo, hi, Math.max(2, Math.round(plotH / 32)));
   const y = v => top + (1 - axis.at(v)) * plotH;
 
   // Labels first: the plot's left edge is where the widest one ends.
