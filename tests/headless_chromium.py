@@ -1,7 +1,8 @@
 """Headless Chromium for the dashboard tests: load a page, let its script run, return the DOM it built.
 
 Debian's `chromium` (installed by scripts/setup.sh) with `--dump-dom` after a virtual-time
-budget; `parse_dom` turns the dump into elements that the tests query by id and attribute.
+budget; `parse_dom` turns the dump into elements that the tests query by id and attribute;
+`serve_files` serves a page of the test's making (the dashboard's files plus a measuring script).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The dashboard: its server and JSON, its bounded history, and a hostile peer summary in a real browser."""
+"""The dashboard: its server and JSON, its bounded history, a hostile peer summary in a real browser, and its
+charts' labels measured in a real browser (inside their chart, not overlapping, round numbers)."""
 
 from __future__ import annotations
 
