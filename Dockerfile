@@ -22,6 +22,7 @@ COPY pyproject.toml README.md ./
 COPY node ./node
 COPY protocol ./protocol
 COPY murmur ./murmur
+# `pip install .` installs the distribution murmur-gossip: the package and command `murmur`.
 # The base image's torch satisfies the dependency, so pip adds only Murmur and its
 # small dependencies; the check fails the build if the image's torch has no CUDA.
 # fastecdsa (a py-libp2p dependency) has no Linux wheel: it compiles against GMP, so a

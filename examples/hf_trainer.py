@@ -7,7 +7,7 @@ embedding) learns Python source bytes from the standard library with `Trainer`, 
     HF_HUB_OFFLINE=1 python examples/hf_trainer.py --data-dir /tmp/a --addr-file /tmp/a/addrs
     HF_HUB_OFFLINE=1 python examples/hf_trainer.py --data-dir /tmp/b --bootstrap "$(head -1 /tmp/a/addrs)"
 
-Needs `pip install murmur[hf]`. Runs offline on a CPU in well under a minute (`--steps`).
+Needs the `hf` extra (`pip install -e '.[hf]'`). Runs offline on a CPU in well under a minute (`--steps`).
 """
 
 from __future__ import annotations

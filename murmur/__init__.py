@@ -13,6 +13,7 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
+DISTRIBUTION = "murmur-gossip"  # the name on PyPI and in pip ("murmur" was taken); the import name stays `murmur`
 _here = Path(__file__).resolve().parent
 if not (_here / "node").is_dir() and (_here.parent / "node" / "__init__.py").is_file():
     __path__.append(str(_here.parent))  # a checkout: murmur.node is ../node (an installed wheel has murmur/node)
@@ -24,7 +25,7 @@ def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version  # slow to import: only when asked
 
     try:
-        return version("murmur")
+        return version(DISTRIBUTION)
     except PackageNotFoundError:
         import tomllib
 

@@ -1,6 +1,6 @@
 """Hugging Face `transformers`: `Trainer(..., callbacks=[MurmurCallback(bootstrap=[...])])` joins a swarm.
 
-Needs the `[hf]` extra (`pip install murmur[hf]`); Murmur's core does not import this module.
+Needs the `[hf]` extra (`pip install -e '.[hf]'` in a checkout; the distribution is `murmur-gossip`); Murmur's core does not import this module.
 The callback opens a `murmur.Peer` on the trainer's model and optimizer when training
 begins, counts each optimizer step's samples (batch size × accumulation steps × ranks), and
 closes the peer (checkpoint, goodbye) when training ends.

@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("bench", help="heterogeneous-swarm benchmark vs synchronous all-reduce (from a checkout; see --help)",
                    add_help=False)
     sub.add_parser("status", help="show a running node's state, or check its health (see --help)", add_help=False)
-    sub.add_parser("export", help="write a node's model as a safetensors file (see --help)", add_help=False)
+    sub.add_parser("export", help="write a node's model as a safetensors file or a Hugging Face folder (see --help)", add_help=False)
     ident = sub.add_parser("id", help="print this node's peer ID (creating its key if needed)")
     ident.add_argument("--data-dir", type=Path, default=default_data_dir(),
                        help="the node's data dir (default $MURMUR_DATA_DIR or ~/.murmur)")

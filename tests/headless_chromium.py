@@ -1,7 +1,8 @@
 """Headless Chromium for the dashboard tests: load a page, let its script run, return the DOM it built.
 
 Debian's `chromium` (installed by scripts/setup.sh) with `--dump-dom` after a virtual-time
-budget; `parse_dom` turns the dump into elements that the tests query by id and attribute.
+budget; `parse_dom` turns the dump into elements that the tests query by id and attribute;
+`serve_files` serves a page of the test's making (the dashboard's files plus a measuring script).
 """
 
 from __future__ import annotations
@@ -9,8 +10,12 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 FLAGS = [
@@ -122,3 +127,31 @@ def chart_points(by_id: dict[str, Element], chart: str) -> dict[str, int]:
         line.attrs.get("data-peer", ""): len(line.attrs.get("points", "").split())
         for line in by_id[chart].find_all("polyline")
     }
+
+
+@contextmanager
+def serve_files(files: dict[str, tuple[bytes, str]]) -> Iterator[str]:
+    """Serve `files` (path -> (body, content type)) on a loopback port; yields the base URL."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            path = self.path.split("?", 1)[0]
+            body, kind = files.get(path, (b"not found\n", "text/plain"))
+            self.send_response(200 if path in files else 404)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

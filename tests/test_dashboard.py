@@ -1,7 +1,9 @@
-"""The dashboard: its server and JSON, its bounded history, and a hostile peer summary in a real browser."""
+"""The dashboard: its server and JSON, its bounded history, a hostile peer summary in a real browser, and its
+charts' labels measured in a real browser (inside their chart, not overlapping, round numbers)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import socket
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from headless_chromium import chart_points, dump_dom, parse_dom, peer_rows
+from headless_chromium import chart_points, dump_dom, parse_dom, peer_rows, serve_files
 from prometheus_client import CollectorRegistry, Counter
 from status_example import example_status
 
@@ -241,7 +243,7 @@ async def test_a_peer_that_names_itself_script_executes_nothing_in_a_real_browse
     assert HOSTILE[:64] in rows["peer1"] and "<b>x</b>" in rows["peer1"]  # shown as the text it is
     assert root.find_all("title")[0].all_text() == "Murmur swarm"  # neither payload ran
     assert not root.find_all("img") and not root.find_all("b") and not root.find_all("i")
-    assert len(root.find_all("script")) == 1  # the page's own
+    assert [s.attrs.get("src") for s in root.find_all("script")] == ["/chart.js", "/dashboard.js"]  # the page's own
     assert chart_points(by_id, "chart-loss")["peer1"] == 2
 
 
@@ -256,3 +258,91 @@ async def test_the_page_says_when_the_node_is_alone_and_why() -> None:
         html = await anyio.to_thread.run_sync(dump_dom, url)
     _, by_id = parse_dom(html)
     assert by_id["state"].all_text().startswith("alone: 127.0.0.1:1: unreachable: connection refused · updated ")
+
+
+def _swarm_of(points: int, loss: list[float], metric: list[float], samples_per_s: list[float], idle: list[float],
+              bytes_per_s: float) -> dict:
+    """A two-peer swarm view after `points` reports 2 s apart; the values run linearly from first to last."""
+    history = SwarmHistory()
+
+    def at(pair: list[float], i: int) -> float:
+        return pair[0] + (pair[1] - pair[0]) * i / (points - 1)
+
+    view: dict = {}
+    for i in range(points):
+        t = 1000.0 + 2 * i
+        status = _status(peer_id="peer0", t=t, loss=at(loss, i), eval={"accuracy": at(metric, i)},
+                         samples_per_s=at(samples_per_s, i), compute_fraction=1 - at(idle, i),
+                         bytes_in=int(bytes_per_s * 2 * i), bytes_out=int(bytes_per_s * 2 * i))  # fmt: skip
+        summary = _summary(loss=at(loss, i) * 3, metric_value=at(metric, i) / 2, samples_per_s=at(samples_per_s, i) / 2,
+                           idle=at(idle, i))  # fmt: skip
+        view = swarm_view(status, {"peer1": (summary, t)}, history, t, [], {})
+    return view
+
+
+def _chart_boxes(swarm: dict) -> dict:
+    """The page drawing `swarm` in headless Chromium, measured by tests/chart_boxes.js: chart id -> boxes, lines."""
+    web = resources.files("murmur.node.ops").joinpath("web")
+    files = {path: (web.joinpath(name).read_bytes(), kind) for path, (name, kind) in STATIC_FILES.items()}
+    own = b'<script src="/dashboard.js" defer></script>'
+    files["/"] = (files["/"][0].replace(own, own + b'\n<script src="/chart_boxes.js" defer></script>'), files["/"][1])
+    assert b"chart_boxes.js" in files["/"][0]
+    files["/chart_boxes.js"] = ((Path(__file__).parent / "chart_boxes.js").read_bytes(), "text/javascript")
+    files["/api/swarm"] = (json.dumps(swarm).encode(), "application/json")
+    with serve_files(files) as url:
+        _, by_id = parse_dom(dump_dom(url))
+    assert "boxes" in by_id, "the charts were never drawn"
+    return json.loads(by_id["boxes"].all_text())
+
+
+def _overlap(a: list[float], b: list[float]) -> bool:
+    slack = 0.5  # px: neighbours that touch are not overlapping
+    return a[0] < b[2] - slack and b[0] < a[2] - slack and a[1] < b[3] - slack and b[1] < a[3] - slack
+
+
+SWARMS = {
+    # Tiny losses falling over decades, big throughput, equal traffic in and out: the page's old worst case.
+    "tiny": {"points": 12, "loss": [0.00753, 0.000457], "metric": [0.9, 0.97], "samples_per_s": [123456, 234567],
+             "idle": [0.0, 0.05], "bytes_per_s": 5e8},
+    "flat": {"points": 3, "loss": [2.3026, 2.3026], "metric": [0.1, 0.1], "samples_per_s": [0, 0], "idle": [1, 1],
+             "bytes_per_s": 0},
+    "wide": {"points": 40, "loss": [1200.0, 3e-6], "metric": [-3.2, -0.4], "samples_per_s": [1.5, 3.25],
+             "idle": [0.5, 0.51], "bytes_per_s": 300},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(SWARMS))
+def test_chart_labels_fit_inside_their_chart_differ_from_their_neighbours_and_do_not_overlap(name: str) -> None:
+    charts = _chart_boxes(_swarm_of(**SWARMS[name]))
+    assert set(charts) == {"chart-loss", "chart-metric", "chart-throughput", "chart-idle", "chart-traffic"}
+    for chart, drawn in charts.items():
+        left, top, right, bottom = drawn["box"]
+        for text in drawn["texts"]:
+            x0, y0, x1, y1 = text["box"]
+            assert left - 0.5 <= x0 and x1 <= right + 0.5 and top - 0.5 <= y0 and y1 <= bottom + 0.5, (chart, text)
+        for i, a in enumerate(drawn["texts"]):
+            for b in drawn["texts"][i + 1 :]:
+                assert not _overlap(a["box"], b["box"]), (chart, a, b)
+        ticks = [t["text"] for t in drawn["texts"] if t["cls"] == "y-tick"]
+        assert len(ticks) >= 3 and all(a != b for a, b in itertools.pairwise(ticks)), (chart, ticks)  # precise enough
+        assert next(t["text"] for t in drawn["texts"] if t["cls"] == "x-tick") == "now"
+    received, sent = charts["chart-traffic"]["lines"]
+    assert received["points"] != sent["points"] or name == "flat"  # the same bytes each way: two lines, not one
+    assert (received["stroke"], received["dash"]) != (sent["stroke"], sent["dash"])
+    swatches = charts["chart-traffic"]["swatches"]  # the legend shows each line's colour and dash
+    assert swatches == [{"stroke": line["stroke"], "dash": line["dash"]} for line in (received, sent)]
+
+
+def test_ticks_are_round_numbers_in_readable_units() -> None:
+    charts = _chart_boxes(_swarm_of(**SWARMS["tiny"]))
+    ticks = {c: [t["text"] for t in d["texts"] if t["cls"] == "y-tick"] for c, d in charts.items()}
+    assert ticks["chart-loss"] == ["0.0002", "0.0005", "0.001", "0.002", "0.005", "0.01", "0.02", "0.05"]
+    assert ticks["chart-throughput"] == ["0", "50k", "100k", "150k", "200k", "250k"]
+    assert ticks["chart-traffic"] == ["600 MB/s", "400 MB/s", "200 MB/s", "0", "200 MB/s", "400 MB/s", "600 MB/s"]
+    assert [t["text"] for t in charts["chart-loss"]["texts"] if t["cls"] == "x-tick"] == ["now", "−5 s", "−10 s",
+                                                                                        "−15 s", "−20 s"]  # fmt: skip
+    legend = [t["text"] for t in charts["chart-traffic"]["texts"] if "tick" not in t["cls"]]
+    assert legend == ["received (up)", "sent (down)"]
+    wide = _chart_boxes(_swarm_of(**SWARMS["wide"]))
+    assert [t["text"] for t in wide["chart-metric"]["texts"] if t["cls"] == "y-tick"] == ["−4", "−3", "−2", "−1", "0"]
+    assert [t["text"] for t in wide["chart-loss"]["texts"] if t["cls"] == "x-tick"] == ["now", "−30 s", "−1 min"]

@@ -19,6 +19,7 @@ from dockerfile_parse import DockerfileParser
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from murmur import DISTRIBUTION
 from murmur.node.net.identity import load_or_create_identity, peer_id_of
 from murmur.node.net.membership import parse_bootstrap
 from murmur.node.ops.run import build_run_parser
@@ -84,7 +85,7 @@ def _sdist_only_dependencies() -> set[str]:
     """Murmur's installed dependencies (transitively) whose wheel pip built here: no manylinux wheel exists."""
     seen: set[str] = set()
     built: set[str] = set()
-    todo = ["murmur"]
+    todo = [DISTRIBUTION]
     while todo:
         name = canonicalize_name(todo.pop())
         if name in seen:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from murmur import DISTRIBUTION
+
 ROOT = Path(__file__).resolve().parents[1]
 MAPPED = {"murmur": "murmur", "murmur.node": "node", "murmur.protocol": "protocol"}
 
@@ -25,6 +27,12 @@ def test_pyproject_lists_every_package_folder() -> None:
         for init in (ROOT / folder).rglob("__init__.py")
     }
     assert set(tool["packages"]) == folders  # a new subpackage missing here would be left out of the wheel
+
+
+def test_the_distribution_is_named_as_the_api_says() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["name"] == DISTRIBUTION  # `murmur.__version__` reads this distribution's metadata
+    assert project["scripts"] == {"murmur": "murmur.node.cli:entry"}  # the command keeps the import name
 
 
 def test_a_script_beside_its_own_node_and_protocol_modules_still_imports_murmur(tmp_path: Path) -> None:
@@ -52,7 +60,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT)],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
-    (built,) = out.glob("murmur-*.whl")
+    (built,) = out.glob(f"{DISTRIBUTION.replace('-', '_')}-*.whl")
     return built
 
 

@@ -12,7 +12,8 @@ from murmur.node.learn.step import Pacing
 from murmur.node.net.libp2p_transport import Libp2pTransport
 from murmur.node.net.security import BanList, GuardedTransport, load_allow_list, load_secret
 from murmur.node.ops.config import AUTO_RELAY, NodeConfig
-from murmur.node.ops.data_dir import DataDirLock
+from murmur.node.ops.data_dir import DataDirLock, DataDirUnusable
+from murmur.node.ops.hf_config import HF_CONFIG, write_hf_config
 from murmur.node.ops.node import BANS_FILE, Node
 
 
@@ -56,6 +57,10 @@ def build_node(
         assert isinstance(inner, Libp2pTransport)
         node = Node(config, transport, bans, listen_addresses=inner.listen_addresses, network_info=inner.network_info,
                     user_loop=user_loop, pacing=pacing)
+        try:
+            write_hf_config(node.replica.model, config.data_dir)  # for `murmur export` of a Hugging Face model
+        except OSError as exc:
+            raise DataDirUnusable(config.data_dir, f"cannot write {HF_CONFIG}: {exc.strerror or exc}") from None
     except BaseException:
         lock.release()
         raise

@@ -38,6 +38,7 @@ MAX_CLIENTS = 16  # connections served at once; more are closed unanswered (each
 STATIC_FILES = {  # path -> (package file, content type): nothing else is served
     "/": ("index.html", "text/html; charset=utf-8"),
     "/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
+    "/chart.js": ("chart.js", "text/javascript; charset=utf-8"),
     "/dashboard.css": ("dashboard.css", "text/css; charset=utf-8"),
 }
 SECURITY_HEADERS = {

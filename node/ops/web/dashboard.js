@@ -1,10 +1,10 @@
-// Murmur dashboard: polls /api/swarm and draws it. Hand-written, no libraries, nothing fetched from elsewhere.
+// Murmur dashboard: polls /api/swarm and draws it (charts: chart.js). Hand-written, no libraries, nothing fetched
+// from elsewhere.
 // Every string from the node or its peers is shown with textContent, never parsed as markup.
 "use strict";
 
 const SVG = "http://www.w3.org/2000/svg";
 const EVERY_MS = Number(new URLSearchParams(location.search).get("every")) || 1000;
-const W = 400, H = 160, PAD = { l: 44, r: 6, t: 6, b: 18 };
 
 function el(tag, text, cls) {
   const e = document.createElement(tag);
@@ -67,55 +67,6 @@ function renderPeers(data) {
   document.getElementById("peer-count").textContent = `(${data.peers.length})`;
 }
 
-// One polyline per peer; x is time over the window all series share, y the value scaled to the chart.
-function renderChart(id, series, opts) {
-  const chart = document.getElementById(id);
-  const all = series.flatMap(s => s.points);
-  const parts = [];
-  if (all.length === 0) {
-    parts.push(Object.assign(svg("text", { x: W / 2, y: H / 2, "text-anchor": "middle" }), { textContent: "no data yet" }));
-    chart.replaceChildren(...parts);
-    return;
-  }
-  const log = opts && opts.log && all.every(p => p[1] > 0);  // loss spans decades: a log axis shows the fall
-  if (log) for (const s of series) s.points = s.points.map(p => [p[0], Math.log10(p[1])]);
-  if (log) all.splice(0, all.length, ...series.flatMap(s => s.points));
-  const t0 = Math.min(...all.map(p => p[0])), t1 = Math.max(...all.map(p => p[0]), t0 + 1);
-  let y0 = Math.min(...all.map(p => p[1])), y1 = Math.max(...all.map(p => p[1]));
-  if (opts && opts.zero) y0 = Math.min(0, y0);
-  if (y1 - y0 < 1e-9) { y1 += 0.5; y0 -= 0.5; }
-  const x = t => PAD.l + (t - t0) / (t1 - t0) * (W - PAD.l - PAD.r);
-  const y = v => H - PAD.b - (v - y0) / (y1 - y0) * (H - PAD.t - PAD.b);
-  parts.push(svg("line", { x1: PAD.l, y1: H - PAD.b, x2: W - PAD.r, y2: H - PAD.b, stroke: "#999" }));
-  parts.push(svg("line", { x1: PAD.l, y1: PAD.t, x2: PAD.l, y2: H - PAD.b, stroke: "#999" }));
-  for (const [v, anchor] of [[y1, PAD.t + 8], [y0, H - PAD.b]]) {
-    const label = svg("text", { x: PAD.l - 4, y: anchor, "text-anchor": "end" });
-    label.textContent = fmt(log ? Math.pow(10, v) : v, 3);
-    parts.push(label);
-  }
-  const span = svg("text", { x: W - PAD.r, y: H - 4, "text-anchor": "end" });
-  span.textContent = `last ${fmt(t1 - t0, 3)} s${log ? " · log scale" : ""}`;
-  parts.push(span);
-  for (const s of series) {
-    if (s.points.length === 0) continue;
-    const pts = s.points.map(p => `${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join(" ");
-    const line = svg("polyline", { points: pts, fill: "none", stroke: s.colour, "stroke-width": 1.5,
-      "stroke-dasharray": s.dash || "none", "data-peer": s.peer });
-    const title = svg("title");
-    title.textContent = s.label;
-    line.append(title);
-    parts.push(line);
-  }
-  if (opts && opts.legend) {
-    series.forEach((s, i) => {
-      const key = svg("text", { x: W - PAD.r - 60 * (series.length - i), y: PAD.t + 8, fill: s.colour });
-      key.textContent = `${s.dash ? "- -" : "—"} ${s.label}`;
-      parts.push(key);
-    });
-  }
-  chart.replaceChildren(...parts);
-}
-
 function peerSeries(data, key) {
   return Object.entries(data.history).map(([peer, points]) => ({
     peer, colour: colour(peer), label: short(peer),
@@ -133,9 +84,10 @@ function trafficSeries(data) {
     }
     return out;
   };
+  // Sent is drawn below the zero line: in and out often match, and two lines on top of each other read as one.
   return [
-    { peer: data.self, colour: "#1f6feb", label: "in", points: rate("bytes_in") },
-    { peer: data.self, colour: "#d4651f", label: "out", points: rate("bytes_out"), dash: "4 2" },
+    { peer: data.self, colour: "#1f6feb", label: "received (up)", points: rate("bytes_in") },
+    { peer: data.self, colour: "#d4651f", label: "sent (down)", points: rate("bytes_out"), dash: "4 2", below: true },
   ];
 }
 
@@ -181,12 +133,13 @@ function renderExchanges(data) {
 function render(data) {
   document.getElementById("self").textContent = data.self;
   renderPeers(data);
-  renderChart("chart-loss", peerSeries(data, "loss"), { log: true });
-  document.getElementById("metric-title").textContent = data.metric ? `Held-out ${data.metric}` : "Held-out metric";
-  renderChart("chart-metric", peerSeries(data, "metric"));
-  renderChart("chart-throughput", peerSeries(data, "samples_per_s"), { zero: true });
-  renderChart("chart-idle", peerSeries(data, "idle"), { zero: true });
-  renderChart("chart-traffic", trafficSeries(data), { zero: true, legend: true });
+  const chart = id => document.getElementById(id);
+  renderChart(chart("chart-loss"), peerSeries(data, "loss"), { log: true });
+  chart("metric-title").textContent = data.metric ? `Held-out ${data.metric}` : "Held-out metric";
+  renderChart(chart("chart-metric"), peerSeries(data, "metric"));
+  renderChart(chart("chart-throughput"), peerSeries(data, "samples_per_s"), { zero: true });
+  renderChart(chart("chart-idle"), peerSeries(data, "idle"), { zero: true });
+  renderChart(chart("chart-traffic"), trafficSeries(data), { mirror: true, legend: true, unit: "B/s" });
   const sum = o => Object.values(o).reduce((a, b) => a + b, 0);
   document.getElementById("traffic-total").textContent =
     `total in ${fmt(sum(data.traffic.in) / 1048576, 3)} MiB · out ${fmt(sum(data.traffic.out) / 1048576, 3)} MiB` +
