@@ -3,6 +3,7 @@ resumes it where the swarm is instead of restarting it. Real libp2p peers over l
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import time
@@ -29,7 +30,7 @@ def test_the_factor_warms_up_then_follows_a_cosine_down_to_its_floor() -> None:
     assert cosine_with_warmup(5000, warmup=100, total=1100, floor=0.1) == pytest.approx(0.1)  # past the end: the floor
     assert cosine_with_warmup(0, warmup=0, total=10) == 1.0  # no warmup: starts at the peak
     factors = [cosine_with_warmup(p, warmup=100, total=1100) for p in range(100, 1200, 10)]
-    assert all(a >= b for a, b in zip(factors, factors[1:], strict=False))
+    assert all(a >= b for a, b in itertools.pairwise(factors))
 
 
 @pytest.mark.parametrize(
