@@ -67,13 +67,17 @@ class Follower:
             optimizer.load_state_dict(payload[0])  # creates the state tensors `follow` fills
         self.follow(peer, model, optimizer, force=True)
 
-    def follow(self, peer: Peer | None, model: nn.Module, optimizer: torch.optim.Optimizer, force: bool = False) -> None:
+    def follow(
+        self, peer: Peer | None, model: nn.Module, optimizer: torch.optim.Optimizer, force: bool = False
+    ) -> None:
         """Copy rank 0's model and optimizer state to this rank if the swarm changed it since the
         last call (or `force`), and rank 0's work. Collective: every rank calls it after each optimizer step."""
         device = _device()
         version = peer.model_version if peer is not None else 0
         work = peer.work if peer is not None else 0.0
-        news = torch.tensor([1.0 if force or version != self.version else 0.0, work], dtype=torch.float64, device=device)
+        news = torch.tensor(
+            [1.0 if force or version != self.version else 0.0, work], dtype=torch.float64, device=device
+        )
         dist.broadcast(news, src=0)
         self.work = float(news[1].item())
         if not news[0].item():

@@ -91,11 +91,13 @@ def test_a_newcomer_resumes_the_swarms_schedule_instead_of_restarting_it(tmp_pat
         with serving(peer_a):
             model_b = task.build_model()
             optimizer_b = torch.optim.SGD(model_b.parameters(), lr=base_lr)
-            with murmur.Peer(model_b, optimizer_b, run_id="sched", listen=LOOPBACK, data_dir=tmp_path / "b",
-                             bootstrap=peer_a.addrs) as peer_b:
+            with murmur.Peer(
+                model_b, optimizer_b, run_id="sched", listen=LOOPBACK, data_dir=tmp_path / "b", bootstrap=peer_a.addrs
+            ) as peer_b:
                 # The newcomer's schedule, built the usual way once the peer is open (as at a fresh start).
                 scheduler = torch.optim.lr_scheduler.LambdaLR(
-                    optimizer_b, lambda _: cosine_with_warmup(peer_b.work, warmup=warmup, total=total))
+                    optimizer_b, lambda _: cosine_with_warmup(peer_b.work, warmup=warmup, total=total)
+                )
                 assert peer_b.node.sync_outcome is not None and peer_b.node.sync_outcome.result == "synced"
                 assert peer_b.samples == 0  # it trained nothing itself...
                 assert peer_b.work == peer_a.work  # ...yet holds the swarm's progress, which its schedule follows
