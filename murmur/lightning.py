@@ -14,10 +14,11 @@ swarm changed rank 0's model, rank 0 broadcasts the model and the optimizer's st
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.utilities.data import extract_batch_size
 
 from murmur._ranks import Follower, distributed
@@ -50,6 +51,16 @@ class StepWork:
             return None  # accumulating: no optimizer step yet
         step, self.pending, self.stepped = self.pending * self.ranks, 0, global_step
         return step
+
+
+def _batch_loss(trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any) -> float | None:
+    """The loss of the batch that ended a step, for status.json (None if `training_step` returned none)."""
+    loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+    if not torch.is_tensor(loss) or loss.numel() != 1:
+        return None
+    # Automatic optimization hands back the loss divided by the accumulated batches.
+    scale = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
+    return float(loss.detach()) * scale
 
 
 class MurmurCallback(pl.Callback):
@@ -98,7 +109,8 @@ class MurmurCallback(pl.Callback):
         if work is None:
             return
         if self.peer is not None:
-            self.peer.step(samples=work)  # the whole data-parallel group's step, counted once
+            # The whole data-parallel group's step, counted once.
+            self.peer.step(samples=work, loss=_batch_loss(trainer, pl_module, outputs))
         if distributed():
             self._follower.follow(self.peer, pl_module, trainer.optimizers[0])
 
