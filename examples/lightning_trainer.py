@@ -64,9 +64,8 @@ class CharModel(pl.LightningModule):
     def configure_optimizers(self) -> Any:
         optimizer = torch.optim.AdamW(self.parameters(), lr=3e-3, weight_decay=0.01)
         # Cosine with warmup over the swarm's progress, not this process's step count.
-        factor = lambda _: cosine_with_warmup(self.murmur_cb.work, warmup=0.05 * self.schedule_samples,  # noqa: E731
-                                              total=self.schedule_samples, floor=0.1)  # fmt: skip
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: cosine_with_warmup(
+            self.murmur_cb.work, warmup=0.05 * self.schedule_samples, total=self.schedule_samples, floor=0.1))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
@@ -77,7 +76,7 @@ def main() -> None:
     parser.add_argument("--bootstrap", action="append", default=[])
     parser.add_argument("--addr-file")
     parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--schedule-samples", type=float, default=100_000, help="the schedule's length, in `work`")
+    parser.add_argument("--schedule-samples", type=float, default=30_000, help="the schedule's length, in `work`")
     parser.add_argument("--seed", type=int, default=0, help="this peer's data order")
     args = parser.parse_args()
 
