@@ -120,3 +120,9 @@ def test_a_trainer_and_a_two_rank_ddp_trainer_train_together(tmp_path: Path) -> 
     assert b[0]["checksum"] == b[1]["checksum"]  # rank 1 followed the merges
     assert b[0]["work"] == b[1]["work"] and b[0]["lr"] == b[1]["lr"]  # and the swarm's schedule
     assert sorted(p.name for p in (tmp_path / "b").iterdir() if p.name == "checkpoints") == ["checkpoints"]
+
+
+def test_lightning_is_no_core_import() -> None:
+    code = "import sys, murmur, murmur.peer, murmur.schedule; murmur.Peer; assert 'lightning' not in sys.modules, 'imported'"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
