@@ -64,8 +64,12 @@ class CharModel(pl.LightningModule):
     def configure_optimizers(self) -> Any:
         optimizer = torch.optim.AdamW(self.parameters(), lr=3e-3, weight_decay=0.01)
         # Cosine with warmup over the swarm's progress, not this process's step count.
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: cosine_with_warmup(
-            self.murmur_cb.work, warmup=0.05 * self.schedule_samples, total=self.schedule_samples, floor=0.1))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer,
+            lambda _: cosine_with_warmup(
+                self.murmur_cb.work, warmup=0.05 * self.schedule_samples, total=self.schedule_samples, floor=0.1
+            ),
+        )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 

@@ -92,7 +92,9 @@ class MurmurCallback(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if len(trainer.optimizers) != 1:
-            raise ValueError(f"MurmurCallback trains a module with one optimizer; this one has {len(trainer.optimizers)}")
+            raise ValueError(
+                f"MurmurCallback trains a module with one optimizer; this one has {len(trainer.optimizers)}"
+            )
         optimizer = trainer.optimizers[0]
         if trainer.is_global_zero:
             self.peer = Peer(pl_module, optimizer, **self.options)

@@ -72,7 +72,9 @@ def test_a_failing_training_closes_its_peer(tmp_path: Path) -> None:
 
     callback = MurmurCallback(run_id="lightning", listen=LOOPBACK, data_dir=tmp_path)
     with pytest.raises(RuntimeError, match="the user's step failed"):
-        trainer(steps=10, callbacks=[callback]).fit(Failing(callback), torch.utils.data.DataLoader(data(0), batch_size=8))
+        trainer(steps=10, callbacks=[callback]).fit(
+            Failing(callback), torch.utils.data.DataLoader(data(0), batch_size=8)
+        )
     assert callback.peer is not None
     with pytest.raises(murmur.PeerClosed):
         callback.peer.step(samples=1)
@@ -118,11 +120,12 @@ def test_a_trainer_and_a_two_rank_ddp_trainer_train_together(tmp_path: Path) -> 
     assert a["status"]["samples"] > 0 and a["status"]["samples"] % (BATCH * ACCUMULATE) == 0
     assert a["status"]["exchanges"].get("merged", 0) > 0 and b[0]["status"]["exchanges"].get("merged", 0) > 0
     assert b[0]["checksum"] == b[1]["checksum"]  # rank 1 followed the merges
-    assert b[0]["work"] == b[1]["work"] and b[0]["lr"] == b[1]["lr"]  # and the swarm's schedule
-    assert sorted(p.name for p in (tmp_path / "b").iterdir() if p.name == "checkpoints") == ["checkpoints"]
+    assert b[0]["work"] == b[1]["work"] > 0 and b[0]["lr"] == b[1]["lr"]  # and the swarm's schedule
 
 
 def test_lightning_is_no_core_import() -> None:
     code = "import sys, murmur, murmur.peer, murmur.schedule; murmur.Peer; assert 'lightning' not in sys.modules, 'imported'"
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode == 0, done.stderr[-2000:]
