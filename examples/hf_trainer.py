@@ -2,7 +2,9 @@
 
 A small GPT-2 built from a config (no download; its output layer is tied to the token
 embedding) learns Python source bytes from the standard library with `Trainer`, while
-`MurmurCallback` gossips its weights with the other peers of the run.
+`MurmurCallback` gossips its weights with the other peers of the run. Its learning rate follows
+the swarm's progress (`murmur_cb.work`): cosine with warmup, so a peer that joins late picks up
+the schedule where the swarm is.
 
     HF_HUB_OFFLINE=1 python examples/hf_trainer.py --data-dir /tmp/a --addr-file /tmp/a/addrs
     HF_HUB_OFFLINE=1 python examples/hf_trainer.py --data-dir /tmp/b --bootstrap "$(head -1 /tmp/a/addrs)"
@@ -25,6 +27,7 @@ import torch  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 from murmur.hf import MurmurCallback  # noqa: E402
+from murmur.schedule import cosine_with_warmup  # noqa: E402
 
 CONTEXT = 32
 
@@ -63,6 +66,7 @@ def main() -> None:
     parser.add_argument("--bootstrap", action="append", default=[])
     parser.add_argument("--addr-file")
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--schedule-samples", type=float, default=5_000, help="the schedule's length, in `work` (samples)")
     parser.add_argument("--seed", type=int, default=0, help="this peer's data order")
     args = parser.parse_args()
 
@@ -73,17 +77,22 @@ def main() -> None:
     murmur_cb = MurmurCallback(run_id="hf-example", listen=[args.listen], bootstrap=args.bootstrap,
                                data_dir=args.data_dir, addr_file=args.addr_file)
     training = TrainingArguments(
-        output_dir=tempfile.mkdtemp(), max_steps=args.steps, per_device_train_batch_size=16, learning_rate=2e-3,
-        lr_scheduler_type="cosine", warmup_steps=10, max_grad_norm=1.0, logging_steps=50, save_strategy="no",
-        report_to=[], use_cpu=True, seed=args.seed, data_seed=args.seed, disable_tqdm=True,
+        output_dir=tempfile.mkdtemp(), max_steps=args.steps, per_device_train_batch_size=16, max_grad_norm=1.0,
+        logging_steps=50, save_strategy="no", report_to=[], use_cpu=True, seed=args.seed, data_seed=args.seed,
+        disable_tqdm=True,
     )
+    # Cosine with warmup over the swarm's progress (the same on every rank), not the Trainer's step count.
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: cosine_with_warmup(
+        murmur_cb.work, warmup=0.05 * args.schedule_samples, total=args.schedule_samples, floor=0.1))
     start = time.monotonic()
-    result = Trainer(model=model, args=training, train_dataset=SourceBytes(), callbacks=[murmur_cb, StopOnSigterm()]).train()
+    result = Trainer(model=model, args=training, train_dataset=SourceBytes(), optimizers=(optimizer, scheduler),
+                     callbacks=[murmur_cb, StopOnSigterm()]).train()
     peer = murmur_cb.peer
     assert peer is not None
     status = peer.status()
     print(f"done: {result.global_step} steps in {time.monotonic() - start:.1f} s, mean train loss {result.training_loss:.3f}, "
-          f"{status['samples']} own samples, {peer.swarm_samples:.0f} swarm samples, "
+          f"work {peer.work:.0f}, {status['samples']} own samples, {peer.swarm_samples:.0f} swarm samples, "
           f"merged {status['exchanges'].get('merged', 0)} times", flush=True)
 
 

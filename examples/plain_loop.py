@@ -2,7 +2,8 @@
 
 A small character model (output layer tied to the embedding, as in GPT-2) learns Python
 source from the standard library, with an LR schedule that follows the swarm's progress
-(cosine over `peer.swarm_samples`), gradient clipping and gradient accumulation.
+(cosine with warmup over `peer.work`, so a peer that joins late resumes it where the swarm is),
+gradient clipping and gradient accumulation.
 
     python examples/plain_loop.py --data-dir /tmp/a --listen /ip4/0.0.0.0/tcp/4001
     python examples/plain_loop.py --data-dir /tmp/b --bootstrap /ip4/<A's IP>/tcp/4001/p2p/<A's id>
@@ -13,7 +14,6 @@ Runs offline on a CPU in well under a minute (`--seconds`); prints the loss and 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import signal
 import time
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import murmur
+from murmur.schedule import cosine_with_warmup
 
 CONTEXT, DIM, VOCAB = 8, 64, 256
 
@@ -63,7 +64,8 @@ def main() -> None:
     parser.add_argument("--bootstrap", action="append", default=[])
     parser.add_argument("--addr-file", help="write this peer's addresses here (for the second peer to bootstrap from)")
     parser.add_argument("--seconds", type=float, default=20.0, help="train this long (a SIGTERM ends it sooner, cleanly)")
-    parser.add_argument("--swarm-samples", type=float, default=200_000, help="the schedule's length, in the swarm's samples")
+    parser.add_argument("--schedule-samples", "--swarm-samples", dest="schedule_samples", type=float, default=100_000,
+                        help="the schedule's length, in the swarm's progress (`peer.work`, samples)")
     parser.add_argument("--seed", type=int, default=0, help="this peer's data order")
     args = parser.parse_args()
 
@@ -76,12 +78,9 @@ def main() -> None:
     with murmur.Peer(model, optimizer, run_id="plain-loop-example", listen=[args.listen], bootstrap=args.bootstrap,
                      data_dir=args.data_dir, addr_file=args.addr_file) as peer:
         print(f"peer {peer.peer_id} at {peer.addrs[0]}", flush=True)
-        # Cosine over the whole swarm's progress, not only this peer's steps.
-        def cosine(_: int) -> float:
-            progress = min(1.0, peer.swarm_samples / args.swarm_samples)
-            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine)
+        # Cosine with warmup over the swarm's progress (a newcomer starts where the swarm is), not this loop's steps.
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: cosine_with_warmup(
+            peer.work, warmup=0.05 * args.schedule_samples, total=args.schedule_samples, floor=0.1))
         stop = []
         signal.signal(signal.SIGTERM, lambda *_: stop.append(True))  # `kill` ends training like --seconds does
         stream, deadline, step = batches(data, micro, args.seed), time.monotonic() + args.seconds, 0
@@ -98,9 +97,9 @@ def main() -> None:
             step += 1
             if step % 200 == 0:
                 print(f"step {step} loss {loss.item():.3f} lr {scheduler.get_last_lr()[0]:.2e} "
-                      f"swarm samples {peer.swarm_samples:.0f}", flush=True)
+                      f"work {peer.work:.0f}", flush=True)
         status = peer.status()
-    print(f"done: {step} steps, loss {status['loss']:.3f}, {status['samples']} own samples, "
+    print(f"done: {step} steps, loss {status['loss']:.3f}, work {peer.work:.0f}, {status['samples']} own samples, "
           f"{peer.swarm_samples:.0f} swarm samples, merged {status['exchanges'].get('merged', 0)} times", flush=True)
 
 

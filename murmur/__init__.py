@@ -1,5 +1,6 @@
 """Murmur's Python API: join a swarm from your own training loop (`Peer`), or from Hugging Face's
-`Trainer` (`murmur.hf.MurmurCallback`, with the `[hf]` extra).
+`Trainer` (`murmur.hf.MurmurCallback`, with the `[hf]` extra) or Lightning's (`murmur.lightning.MurmurCallback`,
+with the `[lightning]` extra); `murmur.schedule` turns the swarm's progress into a learning-rate schedule.
 
 The node's code lives in `murmur.node` and `murmur.protocol`, so installing Murmur adds one
 top-level name, `murmur`, and a user's own `node.py` or `protocol.py` shadows nothing. In the

@@ -17,43 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from torch import nn
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from murmur._ranks import Follower, distributed
 from murmur.peer import Peer, run_config
-
-
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def _device(model: nn.Module) -> torch.device:
-    """Where this rank's collectives run: NCCL needs CUDA tensors, gloo takes CPU ones."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _broadcast(tensor: torch.Tensor, device: torch.device) -> None:
-    """Rank 0's `tensor` into every rank's `tensor`, in place (through `device` if it lives elsewhere)."""
-    if tensor.device == device:
-        dist.broadcast(tensor, src=0)
-        return
-    carrier = tensor.detach().to(device)
-    dist.broadcast(carrier, src=0)
-    with torch.no_grad():
-        tensor.copy_(carrier)
-
-
-def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """The optimizer's state tensors in a fixed order (parameter by parameter, key by key)."""
-    tensors = []
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            state = optimizer.state.get(param, {})
-            tensors += [state[key] for key in sorted(state) if torch.is_tensor(state[key])]
-    return tensors
 
 
 def _torch_optimizer(kwargs: dict[str, Any]) -> torch.optim.Optimizer:
@@ -74,41 +41,32 @@ class MurmurCallback(TrainerCallback):
         run_config({k: v for k, v in options.items() if k != "task"})  # raises TypeError/ValueError now, not at `on_train_begin`
         self.options = options
         self.peer: Peer | None = None
-        self._followed = -1  # the `model_version` the other ranks hold
+        self._follower = Follower()
+
+    @property
+    def work(self) -> float:
+        """The swarm's progress for an LR schedule: rank 0's `peer.work` (0.0 before training), on every rank."""
+        if self.peer is not None:
+            return self.peer.work
+        return self._follower.work
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         model, optimizer = kwargs["model"], _torch_optimizer(kwargs)
         if state.is_world_process_zero:
             self.peer = Peer(model, optimizer, **self.options)
-        if _distributed():
+        if distributed():
             # Rank 0 may have resumed or pulled the swarm's model (and optimizer state): everyone starts from it.
-            payload = [optimizer.state_dict() if self.peer is not None else None]
-            dist.broadcast_object_list(payload, src=0)
-            if self.peer is None:
-                optimizer.load_state_dict(payload[0])
-            self._follow(model, optimizer, force=True)
+            self._follower.start(self.peer, model, optimizer)
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self.peer is not None:
             # One step of the whole data-parallel group, counted once: every rank's batch.
             self.peer.step(samples=args.train_batch_size * args.gradient_accumulation_steps * args.world_size)
-        if _distributed():
-            self._follow(kwargs["model"], _torch_optimizer(kwargs))
-
-    def _follow(self, model: nn.Module, optimizer: torch.optim.Optimizer, force: bool = False) -> None:
-        """Copy rank 0's model and optimizer state to every rank if the swarm changed it (collective: every rank calls it)."""
-        device = _device(model)
-        version = self.peer.model_version if self.peer is not None else 0
-        changed = torch.tensor([1 if force or version != self._followed else 0], device=device)
-        dist.broadcast(changed, src=0)
-        if not changed.item():
-            return
-        for tensor in [*model.state_dict().values(), *_optimizer_tensors(optimizer)]:
-            _broadcast(tensor, device)
-        self._followed = version
+        if distributed():
+            self._follower.follow(self.peer, kwargs["model"], _torch_optimizer(kwargs))
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self.peer is not None:
             self.peer.close()  # its parting merge may change the model once more: the others follow it too
-        if _distributed():
-            self._follow(kwargs["model"], _torch_optimizer(kwargs))
+        if distributed():
+            self._follower.follow(self.peer, kwargs["model"], _torch_optimizer(kwargs))

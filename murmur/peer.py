@@ -268,10 +268,26 @@ class Peer:
         return self.node.replica.samples
 
     @property
+    def work(self) -> float:
+        """The swarm's progress embodied in this peer's model, in the unit `step` counts (samples or
+        tokens): what a learning-rate schedule follows (`murmur.schedule`). Status.json's `work`.
+
+        Each of this peer's steps adds its work; a merge gives both partners the mean of their
+        two models' work (the sum is conserved, so in a mixed swarm it is the swarm's total work
+        per peer: how far one peer of a data-parallel run would have got); a state sync adopts the
+        model and the work of the peer it came from, so a newcomer continues the swarm's schedule
+        instead of restarting it; a resume restores it from the checkpoint. Peers joining or
+        leaving leave it as it is. It may step back a little when a merge meets a partner behind.
+        """
+        return self.node.replica.work
+
+    @property
     def swarm_samples(self) -> float:
-        """An estimate of the whole swarm's work so far: the work in this model times the peers
-        this peer knows, itself included. Merges conserve the sum of work (`work` rule), so
-        the estimate is exact once the swarm has mixed and the view holds every peer."""
+        """An estimate of the whole swarm's total work so far: `work` times the peers this peer
+        knows, itself included. Merges conserve the sum of work, so it is exact for a mixed swarm
+        whose peers all trained from the start and are all in this peer's view; but a newcomer's
+        state sync copies work no sample earned, and the count of peers known moves with churn and
+        discovery, so it jumps when peers come and go: a schedule follows `work` instead."""
         return self.node.replica.work * (1 + len(self.node.table.members))
 
     @property

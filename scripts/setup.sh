@@ -9,14 +9,14 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 # The entry-point check also catches a virtualenv made before node/ moved under murmur.node.
-if ! .venv/bin/python -c "import murmur.node.cli, torch, libp2p, pytest, hypothesis, prometheus_client, dockerfile_parse, transformers, matplotlib
+if ! .venv/bin/python -c "import murmur.node.cli, torch, libp2p, pytest, hypothesis, prometheus_client, dockerfile_parse, transformers, lightning, matplotlib
 from importlib.metadata import distribution, entry_points
 distribution('murmur-gossip')  # the distribution's name since 0.1.0 on PyPI was taken: an older .venv has 'murmur'
 (ep,) = entry_points(group='console_scripts', name='murmur'); assert ep.value == 'murmur.node.cli:entry'" 2>/dev/null; then
     # Pin torch first: an unpinned torch would pull a multi-GB CUDA build.
     .venv/bin/pip install --quiet torch==2.13.0
     .venv/bin/pip uninstall --quiet --yes murmur 2>/dev/null || true  # this project under its old name, if any
-    .venv/bin/pip install --quiet -e '.[test,hf,lab]'
+    .venv/bin/pip install --quiet -e '.[test,hf,lightning,lab]'
 fi
 # The dashboard's browser test needs a headless Chromium (Debian's package); as root, install it where missing.
 command -v chromium >/dev/null || { [ "$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq chromium; } || true

@@ -1,7 +1,7 @@
 """One rank of a `torchrun --nproc_per_node 2` Hugging Face `Trainer` job with `MurmurCallback` (gloo, CPU).
 
 Run by tests/test_hf.py: `hf_ranks.py OUT_DIR BOOTSTRAP STEPS`. Each rank writes OUT_DIR/rank<r>.json:
-whether it opened a peer, that peer's status, and a checksum of its final model.
+whether it opened a peer, that peer's status, a checksum of its final model, and the swarm's work it saw.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ def main() -> None:
     transformers.Trainer(model=model, args=args, train_dataset=RandomTokens(3 + rank), callbacks=[callback]).train()
     checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
     status = callback.peer.status() if callback.peer is not None else None
-    (out / f"rank{rank}.json").write_text(json.dumps({"peer": callback.peer is not None, "status": status, "checksum": checksum}))
+    result = {"peer": callback.peer is not None, "status": status, "checksum": checksum, "work": callback.work}
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
 
 
 if __name__ == "__main__":

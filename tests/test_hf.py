@@ -124,4 +124,5 @@ def test_two_ranks_under_torchrun_are_one_swarm_peer_that_counts_samples_once(tm
     assert status["samples"] == 60 * 8 * 2 * 2  # batch x accumulation x 2 ranks per step, counted once
     assert status["exchanges"].get("merged", 0) > 0
     assert ranks[0]["checksum"] == ranks[1]["checksum"]  # rank 1 followed the merges
+    assert ranks[0]["work"] == ranks[1]["work"] > 0  # and knows rank 0's work, for the swarm's schedule
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("peer")) == ["peer"]
