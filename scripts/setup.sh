@@ -11,7 +11,7 @@ fi
 # The entry-point check also catches a virtualenv made before node/ moved under murmur.node.
 if ! .venv/bin/python -c "import murmur.node.cli, torch, libp2p, pytest, hypothesis, prometheus_client, dockerfile_parse, transformers, lightning, matplotlib
 from importlib.metadata import distribution, entry_points
-distribution('murmur-gossip')  # the distribution's name since 0.1.0 on PyPI was taken: an older .venv has 'murmur'
+distribution('murmur-gossip')  # an older .venv holds this project under the name 'murmur'
 (ep,) = entry_points(group='console_scripts', name='murmur'); assert ep.value == 'murmur.node.cli:entry'" 2>/dev/null; then
     # Pin torch first: an unpinned torch would pull a multi-GB CUDA build.
     .venv/bin/pip install --quiet torch==2.13.0
