@@ -42,6 +42,8 @@ TAGS = {
 }
 EVAL_PREFIX = "murmur/eval/"  # + each metric of the latest held-out evaluation (`murmur run`'s tasks)
 TENSORBOARD_MODULE = "torch.utils.tensorboard"  # raises ImportError when the tensorboard package is missing
+# SummaryWriter's default is 120 s: a live TensorBoard would lag a node by two minutes. A flush is one small file write.
+TENSORBOARD_FLUSH_S = 10
 
 
 class TrackingUnavailable(RuntimeError):
@@ -78,7 +80,7 @@ class TensorBoardWriter(ScalarWriter):
 
     def __init__(self, log_dir: Path) -> None:
         summary = _import(TENSORBOARD_MODULE, "--tensorboard", "tensorboard")
-        self._writer = summary.SummaryWriter(log_dir=str(log_dir))
+        self._writer = summary.SummaryWriter(log_dir=str(log_dir), flush_secs=TENSORBOARD_FLUSH_S)
 
     def write(self, step: int, scalars: Mapping[str, float]) -> None:
         for tag, value in scalars.items():
