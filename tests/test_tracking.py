@@ -145,6 +145,25 @@ def test_a_missing_package_is_a_typed_error_naming_the_pip_command(
     assert not (tmp_path / "data").exists()  # refused before the node was started
 
 
+def test_a_tracker_its_backend_refuses_is_a_typed_error_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(TrackingUnavailable, match=r"^--tensorboard: cannot write to .*a-file/tb: NotADirectoryError: "):
+        TensorBoardWriter(tmp_path / "a-file" / "tb")
+    import wandb
+
+    def no_credentials(**settings: object) -> None:  # what W&B raises online without an API key, and no terminal to ask
+        raise wandb.errors.UsageError("api_key not configured (no-tty).\n call wandb.login(key=[your_api_key])")
+
+    monkeypatch.setattr(wandb, "init", no_credentials)
+    with pytest.raises(TrackingUnavailable) as refused:
+        WandbWriter("p", peer_id="12D3KooWabcdefgh12345678", run_id="r", task="digits")
+    assert str(refused.value) == (
+        "--wandb: W&B could not start a run: UsageError: api_key not configured (no-tty). call wandb.login(key=[your_api_key])"
+    )
+
+
 def test_murmur_run_without_the_package_stops_in_one_line_before_it_starts(tmp_path: Path) -> None:
     missing = tmp_path / "site" / "wandb"
     missing.mkdir(parents=True)
@@ -160,6 +179,21 @@ def test_murmur_run_without_the_package_stops_in_one_line_before_it_starts(tmp_p
         "pip install 'murmur[wandb]'\n"
     )
     assert not (tmp_path / "data").exists()
+
+
+def test_murmur_run_with_a_tensorboard_folder_it_cannot_make_stops_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    done = subprocess.run(
+        [sys.executable, "-m", "murmur.node.cli", "run", "--data-dir", str(tmp_path / "data"), "--listen", LOOPBACK[0],
+         "--tensorboard", str(tmp_path / "a-file" / "tb"), "--duration", "1"],
+        capture_output=True, text=True, timeout=120, check=False, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1].startswith(
+        f"murmur run: error: --tensorboard: cannot write to {tmp_path / 'a-file' / 'tb'}: NotADirectoryError: "
+    )
+    assert not (tmp_path / "data" / "checkpoints").exists()  # it never trained
 
 
 def _tick(data_dir: Path) -> dict:

@@ -47,7 +47,12 @@ TENSORBOARD_FLUSH_S = 10
 
 
 class TrackingUnavailable(RuntimeError):
-    """A configured tracker's package is not installed; the message names the option and the pip command that adds it."""
+    """A configured tracker cannot start, in one line naming its option: its package is not installed (the message
+    names the pip command that adds it), or its backend refused (a folder it cannot write, a W&B setting W&B rejects)."""
+
+
+def _refused(option: str, what: str, exc: BaseException) -> TrackingUnavailable:
+    return TrackingUnavailable(f"{option}: {what}: {type(exc).__name__}: {' '.join(str(exc).split())}")
 
 
 def _import(module: str, option: str, extra: str) -> ModuleType:
@@ -75,12 +80,15 @@ class ScalarWriter(ABC):
 class TensorBoardWriter(ScalarWriter):
     """Event files in `log_dir` (created if missing), written by `torch.utils.tensorboard.SummaryWriter`.
 
-    Raises `TrackingUnavailable` if the tensorboard package is not installed.
+    Raises `TrackingUnavailable` if the tensorboard package is not installed or `log_dir` cannot be made.
     """
 
     def __init__(self, log_dir: Path) -> None:
         summary = _import(TENSORBOARD_MODULE, "--tensorboard", "tensorboard")
-        self._writer = summary.SummaryWriter(log_dir=str(log_dir), flush_secs=TENSORBOARD_FLUSH_S)
+        try:
+            self._writer = summary.SummaryWriter(log_dir=str(log_dir), flush_secs=TENSORBOARD_FLUSH_S)
+        except OSError as exc:
+            raise _refused("--tensorboard", f"cannot write to {log_dir}", exc) from None
 
     def write(self, step: int, scalars: Mapping[str, float]) -> None:
         for tag, value in scalars.items():
@@ -97,18 +105,24 @@ class WandbWriter(ScalarWriter):
     `WANDB_DIR`, nothing sent), `WANDB_DIR`; `WANDB_NAME` and `WANDB_RUN_GROUP` override the run's
     name (default: "murmur-" and the peer ID's last 8 characters) and group. The run is created
     beside any run the user's own code has open (`reinit="create_new"`), never replacing it.
-    Raises `TrackingUnavailable` if the wandb package is not installed.
+    Raises `TrackingUnavailable` if the wandb package is not installed or W&B cannot start the run
+    (a setting it rejects; online, no credentials).
     """
 
     def __init__(self, project: str, *, peer_id: str, run_id: str, task: str) -> None:
         wandb = _import("wandb", "--wandb", "wandb")
-        self._run = wandb.init(
-            project=project,
-            name=os.environ.get("WANDB_NAME") or f"murmur-{peer_id[-8:]}",
-            group=os.environ.get("WANDB_RUN_GROUP") or run_id,
-            config={"peer_id": peer_id, "run_id": run_id, "task": task},
-            reinit="create_new",
-        )
+        try:
+            self._run = wandb.init(
+                project=project,
+                name=os.environ.get("WANDB_NAME") or f"murmur-{peer_id[-8:]}",
+                group=os.environ.get("WANDB_RUN_GROUP") or run_id,
+                config={"peer_id": peer_id, "run_id": run_id, "task": task},
+                reinit="create_new",
+            )
+        except (
+            Exception
+        ) as exc:  # W&B raises its own assorted types (UsageError, CommError, pydantic's ValidationError)
+            raise _refused("--wandb", "W&B could not start a run", exc) from None
 
     def write(self, step: int, scalars: Mapping[str, float]) -> None:
         self._run.log(dict(scalars), step=step)
