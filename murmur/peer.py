@@ -175,7 +175,7 @@ class Peer:
     step starts from it. Raises `ModelMismatch` when the run's peers or the checkpoint hold
     another model, `ForeignOptimizer` when the optimizer steps other parameters,
     `DeviceError` for a device this machine lacks or that the model is not on,
-    `TrackingUnavailable` when `tensorboard` or `wandb` is set but its package is missing, and
+    `TrackingUnavailable` when `tensorboard` or `wandb` cannot start (its package missing, its backend refusing), and
     `TypeError`/`ValueError` for unknown or invalid options.
     """
 

@@ -327,7 +327,7 @@ class Node:
     async def _tracking(self) -> AsyncIterator[None]:
         """Write to the configured trackers for the context, and close (flush) them when it exits, cancelled or not.
 
-        Raises `TrackingUnavailable` when a tracker's package is missing. They open on a thread: a W&B run takes seconds to create.
+        Raises `TrackingUnavailable` when one cannot start. They open on a thread: a W&B run takes seconds to create.
         """
         opened = functools.partial(open_writers, self.config, peer_id=self.peer_id, task=self.replica.name)
         self.tracking = Tracking(await anyio.to_thread.run_sync(opened))
