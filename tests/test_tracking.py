@@ -20,6 +20,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import murmur
+from murmur.node.learn.tasks import DigitsTask
 from murmur.node.ops.config import NodeConfig
 from murmur.node.ops.tracking import (
     TAGS,
@@ -137,8 +138,6 @@ def test_a_missing_package_is_a_typed_error_naming_the_pip_command(
         TrackingUnavailable, match=rf"^--{option} needs the {extra} package, .*: pip install 'murmur\[{extra}\]'$"
     ):
         require_trackers(NodeConfig(**settings))
-    from murmur.node.learn.tasks import DigitsTask
-
     model = DigitsTask().build_model()
     with pytest.raises(murmur.TrackingUnavailable, match=rf"pip install 'murmur\[{extra}\]'"):
         murmur.Peer(model, DigitsTask().make_optimizer(model), listen=LOOPBACK, data_dir=tmp_path / "data", **settings)
@@ -151,6 +150,12 @@ def test_a_tracker_its_backend_refuses_is_a_typed_error_in_one_line(
     (tmp_path / "a-file").write_text("")
     with pytest.raises(TrackingUnavailable, match=r"^--tensorboard: cannot write to .*a-file/tb: NotADirectoryError: "):
         TensorBoardWriter(tmp_path / "a-file" / "tb")
+    model = DigitsTask().build_model()
+    with pytest.raises(
+        murmur.TrackingUnavailable, match=r"^--tensorboard: cannot write to .*a-file/tb: NotADirectoryError: "
+    ):
+        murmur.Peer(model, DigitsTask().make_optimizer(model), listen=LOOPBACK, data_dir=tmp_path / "data",
+                    tensorboard=tmp_path / "a-file" / "tb")  # fmt: skip
     import wandb
 
     def no_credentials(**settings: object) -> None:  # what W&B raises online without an API key, and no terminal to ask
@@ -251,8 +256,6 @@ def test_murmur_run_writes_both_trackers_while_it_runs_and_flushes_them_on_sigte
 
 
 def test_a_peer_tracks_its_swarm_from_the_users_loop(tmp_path: Path) -> None:
-    from murmur.node.learn.tasks import DigitsTask
-
     task = DigitsTask()
     models = [task.build_model() for _ in range(2)]
     optimizers = [task.make_optimizer(m) for m in models]
