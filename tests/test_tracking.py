@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -41,7 +41,7 @@ BUILT_IN_LOOP_TAGS = {*TAGS, "murmur/eval/accuracy", "murmur/eval/loss"}  # digi
 
 
 @pytest.fixture(autouse=True)
-def _wandb_offline_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _wandb_offline_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """W&B's files under this test's folder, offline, whatever the environment says."""
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
@@ -50,6 +50,10 @@ def _wandb_offline_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "wandb-data"))
     for name in ("WANDB_NAME", "WANDB_RUN_GROUP"):
         monkeypatch.delenv(name, raising=False)
+    yield
+    wandb = sys.modules.get("wandb")
+    if wandb is not None:  # W&B reads its variables once per process: the next test's WANDB_DIR needs a fresh start
+        wandb.teardown()
 
 
 def tensorboard_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
@@ -123,6 +127,20 @@ def test_the_wandb_writer_writes_an_offline_run_grouped_by_run_id(tmp_path: Path
         (10, 2.0, 1.0),
         (20, 1.5, 3.0),
     ]
+
+
+def test_the_wandb_run_opens_beside_the_users_own_and_leaves_it_global_and_open() -> None:
+    import wandb
+
+    users = wandb.init(project="user-project")  # e.g. a Trainer's report_to="wandb", opened before the peer
+    try:
+        writer = WandbWriter("my-project", peer_id="12D3KooWabcdefgh12345678", run_id="swarm-1", task="digits")
+        assert wandb.run is users  # the user's `wandb.log` still goes to the user's run
+        writer.write(1, {"murmur/loss": 1.0})
+        writer.close()
+        wandb.log({"user/metric": 1.0})  # raises if closing the node's run had finished the user's
+    finally:
+        users.finish()
 
 
 @pytest.mark.parametrize(
