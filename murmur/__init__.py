@@ -41,6 +41,7 @@ _PUBLIC = {
     "Peer": "murmur.peer", "PeerClosed": "murmur.peer", "NotJoined": "murmur.peer",
     "DeviceError": "murmur.node.learn.device", "DataDirLocked": "murmur.node.ops.data_dir",
     "ForeignOptimizer": "murmur.node.learn.user_loop", "ModelMismatch": "murmur.node.learn.user_loop",
+    "TrackingUnavailable": "murmur.node.ops.tracking",
 }  # fmt: skip
 __all__ = sorted(_PUBLIC)
 

@@ -20,6 +20,7 @@ import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from murmur._ranks import Follower, distributed
+from murmur.node.ops.tracking import require_trackers
 from murmur.peer import Peer, run_config
 
 
@@ -33,12 +34,13 @@ class MurmurCallback(TrainerCallback):
     """A `TrainerCallback` that trains the `Trainer`'s model with a Murmur swarm.
 
     Takes `murmur.Peer`'s keyword options (`murmur run`'s, same names and defaults); they are
-    checked here, so a typo fails before training starts. `peer` is the open peer while training
+    checked here, so a typo (or `wandb=` without its package) fails before training starts. `peer` is the open peer while training
     runs, on world rank 0 only (None on the other ranks, which follow rank 0's model).
     """
 
     def __init__(self, **options: Any) -> None:
-        run_config({k: v for k, v in options.items() if k != "task"})  # raises TypeError/ValueError now, not at `on_train_begin`
+        # Raises TypeError/ValueError (and TrackingUnavailable for a tracker's missing package) now, not at `on_train_begin`.
+        require_trackers(run_config({k: v for k, v in options.items() if k != "task"}))
         self.options = options
         self.peer: Peer | None = None
         self._follower = Follower()

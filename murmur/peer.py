@@ -42,6 +42,7 @@ from murmur.node.ops.logs import route_library_logs
 from murmur.node.ops.node import Node
 from murmur.node.ops.node_status import NodeStatus
 from murmur.node.ops.status import STATUS_FILE
+from murmur.node.ops.tracking import require_trackers
 from murmur.protocol.codec import TensorSpec
 
 log = logging.getLogger("murmur.peer")
@@ -173,7 +174,8 @@ class Peer:
     `data_dir` and pulls the swarm's model (state sync) before returning, so your first
     step starts from it. Raises `ModelMismatch` when the run's peers or the checkpoint hold
     another model, `ForeignOptimizer` when the optimizer steps other parameters,
-    `DeviceError` for a device this machine lacks or that the model is not on, and
+    `DeviceError` for a device this machine lacks or that the model is not on,
+    `TrackingUnavailable` when `tensorboard` or `wandb` cannot start (its package missing, its backend refusing), and
     `TypeError`/`ValueError` for unknown or invalid options.
     """
 
@@ -189,6 +191,7 @@ class Peer:
         if config.mixed_precision:
             check_mixed_precision(device)
         check_optimizer(model, optimizer)
+        require_trackers(config)
         route_library_logs()
         self.config = config
         self._gate = StepGate()

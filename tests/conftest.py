@@ -1,9 +1,14 @@
 import logging
+import os
 import signal
 from collections.abc import Iterator
 
 import pytest
 from hypothesis import settings
+
+# wandb is installed for the tracking tests: none may reach W&B's servers, and every process a test starts inherits this.
+os.environ["WANDB_MODE"] = "offline"
+os.environ["WANDB_SILENT"] = "true"
 
 # Hypothesis's default 200 ms deadline per example is a timed assert: on a loaded 2-core machine
 # a torch example can take longer and fail for no fault of the code. Properties, not speed, are tested.

@@ -243,6 +243,8 @@ metrics-host = "0.0.0.0"
 device = "cpu"
 mixed-precision = false
 threads = 4
+tensorboard = "/data/tb"
+wandb = "my-swarm"
 """
 
 
@@ -260,6 +262,7 @@ def test_a_murmur_toml_with_every_option_loads(parser: argparse.ArgumentParser, 
         checkpoint_every=60.0, progress_every=10.0, allow_peers=Path("/data/peers.txt"), swarm_secret_file=Path("/data/secret"),
         wire_dtype="bfloat16", compression="sparse", compression_density=0.02, compression_bits=4,
         optimizer_state="keep", ema_decay=0.5, max_connections=100, metrics_port=9100, metrics_host="0.0.0.0", device="cpu", threads=4,
+        tensorboard=Path("/data/tb"), wandb="my-swarm",
     )  # fmt: skip
     assert (options.log_level, options.log_format, emulation) == ("WARNING", "json", Emulation(slowdown=1.5))
 

@@ -4,6 +4,7 @@ peer over loopback, train a GPT-2 built from a config (no download) together."""
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -80,6 +82,12 @@ def test_a_bad_option_fails_before_training() -> None:
         MurmurCallback(bootstraps=["/ip4/127.0.0.1/tcp/1"])
 
 
+def test_a_tracker_without_its_package_fails_before_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
+    with pytest.raises(murmur.TrackingUnavailable, match=r"pip install 'murmur\[wandb\]'"):
+        MurmurCallback(wandb="my-project")
+
+
 def test_a_trainer_and_a_loop_on_another_thread_train_together(tmp_path: Path) -> None:
     # Two `Trainer`s cannot share one process (accelerate's state is global): the first peer is a
     # plain loop on a thread here; tests/test_examples.py runs two `Trainer` processes.
@@ -87,13 +95,19 @@ def test_a_trainer_and_a_loop_on_another_thread_train_together(tmp_path: Path) -
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     with murmur.Peer(model, optimizer, run_id="hf", listen=LOOPBACK, data_dir=tmp_path / "loop") as loop_peer:
         with training_beside(loop_peer, model, optimizer):
-            callback = MurmurCallback(run_id="hf", listen=LOOPBACK, bootstrap=loop_peer.addrs, data_dir=tmp_path / "hf")
+            callback = MurmurCallback(run_id="hf", listen=LOOPBACK, bootstrap=loop_peer.addrs, data_dir=tmp_path / "hf",
+                                      tensorboard=tmp_path / "tb")  # fmt: skip
             trainer(tmp_path, "hf", callback, steps=150, seed=2).train()
         status_loop = loop_peer.status()
     assert callback.peer is not None
     status_hf = callback.peer.status()
     assert status_hf["samples"] == 150 * 16  # batch x accumulation per optimizer step
     assert status_hf["exchanges"].get("merged", 0) > 0 and status_loop["exchanges"].get("merged", 0) > 0
+    # The callback's options reach its peer: the swarm's side, tracked at the Trainer's samples.
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert events.Scalars("murmur/merges")[-1].step == 150 * 16
+    assert events.Scalars("murmur/merges")[-1].value == status_hf["exchanges"]["merged"]
     # GPT-2's output layer is its token embedding: it travels and merges as one tensor.
     assert callback.peer.node.replica.exchanged.aliases == {"lm_head.weight": "transformer.wte.weight"}
 

@@ -183,6 +183,12 @@ def _optimizer_state_names() -> list[str]:
     return list(OPTIMIZER_STATE)
 
 
+def _wandb_project(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("a W&B project name cannot be empty")
+    return text
+
+
 def _positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -285,6 +291,12 @@ class NodeConfig:
                                       parse=_port, metavar="PORT")
     metrics_host: str = option("127.0.0.1", "address the metrics and dashboard endpoint binds to (default 127.0.0.1; 0.0.0.0 for all, with a warning)",
                                metavar="HOST")
+    tensorboard: Path | None = option(None, "write TensorBoard scalars (loss, held-out metrics, samples/s, merges, bytes, peers) "
+                                            "to this folder at each status tick; needs pip install 'murmur[tensorboard]'",
+                                      metavar="DIR")
+    wandb: str | None = option(None, "log the same scalars to this Weights & Biases project, one run per node grouped by run id; "
+                                     "entity, mode and run name from WANDB_* variables; needs pip install 'murmur[wandb]'",
+                               parse=_wandb_project, metavar="PROJECT")
     threads: int | None = option(None, "torch threads for training (default: torch's own, usually one per core)",
                                  parse=_positive_int, metavar="N")
 

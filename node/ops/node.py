@@ -52,6 +52,7 @@ from murmur.node.ops.logs import exit_summary, progress_line
 from murmur.node.ops.metrics import CountingTransport, NodeMetrics, Traffic
 from murmur.node.ops.node_status import NetworkStatus, NodeStatus
 from murmur.node.ops.status import STATUS_FILE
+from murmur.node.ops.tracking import Tracking, open_writers
 from murmur.protocol.messages import PeerSummary
 
 log = logging.getLogger("murmur.node")
@@ -139,6 +140,7 @@ class Node:
         self.metrics_url: str | None = None
         self.dashboard_url: str | None = None
         self.dashboard = DashboardState(self.metrics.registry)
+        self.tracking = Tracking([])  # `run` opens the configured writers (`--tensorboard`, `--wandb`)
         self.history = SwarmHistory()
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.resumed_from = self._restore()
@@ -180,7 +182,7 @@ class Node:
         """
         cfg = self.config
         self.transport.set_handler(PEERS_PROTOCOL, self.membership.serve)
-        async with self._holding_data_dir(), self._metrics_endpoint(), self.transport.run(cfg.listen):
+        async with self._holding_data_dir(), self._tracking(), self._metrics_endpoint(), self.transport.run(cfg.listen):
             addrs = self.transport.addresses()  # what peers are told (announced/relayed addresses if any)
             listening = self._listen_addresses()
             announced = [a for a in addrs if a not in listening]
@@ -207,7 +209,9 @@ class Node:
                 if self.checkpoint_on_exit:
                     with anyio.CancelScope(shield=True):
                         await self.save_checkpoint()
-                log.info("%s", exit_summary(self.write_status()))
+                final = self.write_status()
+                self.tracking.record(final)  # the last point, flushed as `_tracking` closes the writers
+                log.info("%s", exit_summary(final))
 
     async def _parting_merge(self) -> None:
         """One last exchange, if this peer trained since its last merge: a peer that leaves takes none of its work with it."""
@@ -300,6 +304,7 @@ class Node:
         while True:
             status = self.write_status()
             self.metrics.update(status, list(self.averager.recent), self.traffic)
+            self.tracking.record(status)
             if self.dashboard_url is not None:
                 swarm = swarm_view(
                     status, self.membership.summaries(), self.history, self.membership.clock(),
@@ -317,6 +322,20 @@ class Node:
         finally:
             if self.data_dir_lock is not None:
                 self.data_dir_lock.release()
+
+    @asynccontextmanager
+    async def _tracking(self) -> AsyncIterator[None]:
+        """Write to the configured trackers for the context, and close (flush) them when it exits, cancelled or not.
+
+        Raises `TrackingUnavailable` when one cannot start. They open on a thread: a W&B run takes seconds to create.
+        """
+        opened = functools.partial(open_writers, self.config, peer_id=self.peer_id, task=self.replica.name)
+        self.tracking = Tracking(await anyio.to_thread.run_sync(opened))
+        try:
+            yield
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self.tracking.close)
 
     @asynccontextmanager
     async def _metrics_endpoint(self) -> AsyncIterator[None]:

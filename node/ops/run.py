@@ -89,6 +89,7 @@ def cmd_run(args: argparse.Namespace, around: Around | None = None) -> int:
     from murmur.node.learn.step import Pacing
     from murmur.node.net.identity import load_or_create_identity, peer_id_of
     from murmur.node.ops.data_dir import DataDirError, DataDirLock
+    from murmur.node.ops.tracking import TrackingUnavailable, require_trackers
 
     config, options, emulation = run_settings(args)
     try:  # before anything else, so a wrong device costs one line and no half-started node
@@ -96,6 +97,11 @@ def cmd_run(args: argparse.Namespace, around: Around | None = None) -> int:
         if config.mixed_precision:
             check_mixed_precision(device)
     except DeviceError as exc:
+        print(f"murmur run: error: {exc}", file=sys.stderr)
+        return 2
+    try:  # a tracker's missing package, likewise, before the node is built
+        require_trackers(config)
+    except TrackingUnavailable as exc:
         print(f"murmur run: error: {exc}", file=sys.stderr)
         return 2
     try:  # before the identity is read: a second node on this folder must not start as the same peer
@@ -130,14 +136,16 @@ def _start_errors() -> tuple[type[Exception], ...]:
     from murmur.node.net.transport import CannotListen
     from murmur.node.ops.data_dir import DataDirError
     from murmur.node.ops.metrics import MetricsUnavailable
+    from murmur.node.ops.tracking import TrackingUnavailable
 
-    return MetricsUnavailable, CannotListen, DataDirError, UnknownTask
+    return MetricsUnavailable, CannotListen, DataDirError, UnknownTask, TrackingUnavailable
 
 
 def _is_setting_error(error: BaseException) -> bool:
     from murmur.node.learn.tasks import UnknownTask
+    from murmur.node.ops.tracking import TrackingUnavailable
 
-    return isinstance(error, UnknownTask)
+    return isinstance(error, UnknownTask | TrackingUnavailable)
 
 
 def _first_leaf(error: BaseException) -> BaseException:
@@ -177,9 +185,9 @@ def never_joined_exit(node: Node | None) -> int:
 def main(argv: list[str], around: Around | None = None) -> int:
     """`murmur run ARGV`: run a peer until its `--duration` ends or a stop signal; return the exit status.
 
-    A bad setting exits 2 with one line naming it (as argparse does); an unusable device or an
-    unloadable task returns 2; a data dir that another node holds or that cannot be written, and
-    a listen or metrics port that cannot be opened, return 1; each with one line on stderr. A
+    A bad setting exits 2 with one line naming it (as argparse does); an unusable device, an
+    unloadable task or a tracker whose package is missing (`--tensorboard`, `--wandb`) returns 2;
+    a data dir that another node holds or that cannot be written, and a listen or metrics port that cannot be opened, return 1; each with one line on stderr. A
     `--duration` run given bootstrap peers that never merged with one returns 3 (`EXIT_NEVER_JOINED`).
     A run stopped by SIGINT (Ctrl-C) returns 130 once it stopped gracefully, as shells expect. `around(node)`, if
     given, is entered once the node is built, before it runs, and exited after it stopped;
