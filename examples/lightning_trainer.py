@@ -8,7 +8,7 @@ with warmup, so a peer that joins late picks up the schedule where the swarm is.
     python examples/lightning_trainer.py --data-dir /tmp/a --addr-file /tmp/a/addrs
     python examples/lightning_trainer.py --data-dir /tmp/b --bootstrap "$(head -1 /tmp/a/addrs)"
 
-Needs `pip install murmur[lightning]`. Runs offline on a CPU in well under a minute (`--steps`);
+Needs `pip install 'murmur-gossip[lightning]'`. Runs offline on a CPU in well under a minute (`--steps`);
 a SIGTERM ends training early, and the peer leaves cleanly.
 """
 

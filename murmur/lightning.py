@@ -1,6 +1,6 @@
 """PyTorch Lightning: `lightning.Trainer(..., callbacks=[MurmurCallback(bootstrap=[...])])` joins a swarm.
 
-Needs the `[lightning]` extra (`pip install murmur[lightning]`); Murmur's core does not import
+Needs the `[lightning]` extra (`pip install 'murmur-gossip[lightning]'`); Murmur's core does not import
 this module. The callback opens a `murmur.Peer` on the `LightningModule` and its optimizer when
 training starts, counts each optimizer step's samples (the batches since the last step, so
 batch size × accumulated batches, × ranks), steps the peer after each optimizer step, and
@@ -22,6 +22,7 @@ import torch
 from lightning.pytorch.utilities.data import extract_batch_size
 
 from murmur._ranks import Follower, distributed
+from murmur.node.ops.tracking import require_trackers
 from murmur.peer import Peer, run_config
 
 
@@ -76,7 +77,8 @@ class MurmurCallback(pl.Callback):
     """
 
     def __init__(self, *, batch_work: Callable[[Any], int] | None = None, **options: Any) -> None:
-        run_config({k: v for k, v in options.items() if k != "task"})  # raises TypeError/ValueError now
+        # Raises TypeError/ValueError (and TrackingUnavailable for a tracker's missing package) now, not when training starts.
+        require_trackers(run_config({k: v for k, v in options.items() if k != "task"}))
         self.options = options
         self.batch_work = batch_work if batch_work is not None else extract_batch_size
         self.peer: Peer | None = None

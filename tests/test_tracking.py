@@ -199,7 +199,7 @@ def test_murmur_run_without_the_package_stops_in_one_line_before_it_starts(tmp_p
     assert done.returncode == 2, done.stderr
     assert done.stderr == (
         "murmur run: error: --wandb needs the wandb package, which is not installed (No module named 'wandb'): "
-        "pip install 'murmur[wandb]'\n"
+        "pip install 'murmur-gossip[wandb]'\n"
     )
     assert not (tmp_path / "data").exists()
 

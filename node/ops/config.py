@@ -292,10 +292,10 @@ class NodeConfig:
     metrics_host: str = option("127.0.0.1", "address the metrics and dashboard endpoint binds to (default 127.0.0.1; 0.0.0.0 for all, with a warning)",
                                metavar="HOST")
     tensorboard: Path | None = option(None, "write TensorBoard scalars (loss, held-out metrics, samples/s, merges, bytes, peers) "
-                                            "to this folder at each status tick; needs pip install 'murmur[tensorboard]'",
+                                            "to this folder at each status tick; needs pip install 'murmur-gossip[tensorboard]'",
                                       metavar="DIR")
     wandb: str | None = option(None, "log the same scalars to this Weights & Biases project, one run per node grouped by run id; "
-                                     "entity, mode and run name from WANDB_* variables; needs pip install 'murmur[wandb]'",
+                                     "entity, mode and run name from WANDB_* variables; needs pip install 'murmur-gossip[wandb]'",
                                parse=_wandb_project, metavar="PROJECT")
     threads: int | None = option(None, "torch threads for training (default: torch's own, usually one per core)",
                                  parse=_positive_int, metavar="N")

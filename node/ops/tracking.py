@@ -56,12 +56,12 @@ def _refused(option: str, what: str, exc: BaseException) -> TrackingUnavailable:
 
 
 def _import(module: str, option: str, extra: str) -> ModuleType:
-    """`module`, imported; raises `TrackingUnavailable` naming `option` and `pip install 'murmur[extra]'` if it is missing."""
+    """`module`, imported; raises `TrackingUnavailable` naming `option` and `pip install 'murmur-gossip[extra]'` if it is missing."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
         raise TrackingUnavailable(
-            f"{option} needs the {extra} package, which is not installed ({exc}): pip install 'murmur[{extra}]'"
+            f"{option} needs the {extra} package, which is not installed ({exc}): pip install 'murmur-gossip[{extra}]'"
         ) from None
 
 
