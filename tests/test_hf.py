@@ -84,7 +84,7 @@ def test_a_bad_option_fails_before_training() -> None:
 
 def test_a_tracker_without_its_package_fails_before_training(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
-    with pytest.raises(murmur.TrackingUnavailable, match=r"pip install 'murmur\[wandb\]'"):
+    with pytest.raises(murmur.TrackingUnavailable, match=r"pip install 'murmur-gossip\[wandb\]'"):
         MurmurCallback(wandb="my-project")
 
 

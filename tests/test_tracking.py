@@ -153,11 +153,11 @@ def test_a_missing_package_is_a_typed_error_naming_the_pip_command(
     monkeypatch.setitem(sys.modules, module, None)  # what `import` does then: ImportError, as if not installed
     settings = {option: tmp_path / "tb" if option == "tensorboard" else "project"}
     with pytest.raises(
-        TrackingUnavailable, match=rf"^--{option} needs the {extra} package, .*: pip install 'murmur\[{extra}\]'$"
+        TrackingUnavailable, match=rf"^--{option} needs the {extra} package, .*: pip install 'murmur-gossip\[{extra}\]'$"
     ):
         require_trackers(NodeConfig(**settings))
     model = DigitsTask().build_model()
-    with pytest.raises(murmur.TrackingUnavailable, match=rf"pip install 'murmur\[{extra}\]'"):
+    with pytest.raises(murmur.TrackingUnavailable, match=rf"pip install 'murmur-gossip\[{extra}\]'"):
         murmur.Peer(model, DigitsTask().make_optimizer(model), listen=LOOPBACK, data_dir=tmp_path / "data", **settings)
     assert not (tmp_path / "data").exists()  # refused before the node was started
 
