@@ -23,6 +23,7 @@ from murmur.node.net.identity import load_or_create_identity, peer_id_of  # noqa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lightning_peer import ACCUMULATE, BATCH, Regression, data, trainer  # noqa: E402
+from test_tracking import tensorboard_scalars  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
@@ -50,7 +51,7 @@ def test_a_bad_option_fails_before_training() -> None:
 
 
 def test_a_trainer_counts_every_sample_once_and_closes_its_peer(tmp_path: Path) -> None:
-    callback = MurmurCallback(run_id="lightning", listen=LOOPBACK, data_dir=tmp_path)
+    callback = MurmurCallback(run_id="lightning", listen=LOOPBACK, data_dir=tmp_path, tensorboard=tmp_path / "tb")
     module = Regression(callback)
     # 100 samples in batches of 8: 12 full batches and a short one (4) per epoch; 2 epochs.
     loader = torch.utils.data.DataLoader(data(0, size=100), batch_size=BATCH)
@@ -61,6 +62,7 @@ def test_a_trainer_counts_every_sample_once_and_closes_its_peer(tmp_path: Path) 
     assert callback.peer.node.stats.steps == 2 * 7  # 6 steps of 2 batches and one of the short batch, per epoch
     with pytest.raises(murmur.PeerClosed):
         callback.peer.step(samples=1)  # closed when training ended
+    assert tensorboard_scalars(tmp_path / "tb")["murmur/loss"][-1][0] == 200  # the last point is at its final samples
 
 
 def test_a_failing_training_closes_its_peer(tmp_path: Path) -> None:
