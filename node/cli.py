@@ -101,8 +101,13 @@ def entry() -> None:
 
     Ctrl-C exits 130 and a closed stdout 1, without a traceback (`process.run_command`)."""
     argv = sys.argv[1:]
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # even where started with Ctrl-C ignored (`murmur run &`)
-    code = process.run_command(lambda: main(argv))
+
+    def command() -> int:
+        # Inside `run_command`, so that a Ctrl-C the moment the handler is set is an exit status too.
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # even where started with Ctrl-C ignored (`murmur run &`)
+        return main(argv)
+
+    code = process.run_command(command)
     if argv[:1] == ["run"] or code in (process.INTERRUPTED, process.BROKEN_PIPE):
         process.exit_now(code)  # nothing left worth tearing down, and teardown could still print
     sys.exit(code)
