@@ -8,6 +8,7 @@
 # The base image brings a CUDA build of torch (Murmur needs torch>=2.13,<2.15) and
 # its CUDA runtime; the host needs only an NVIDIA driver and the container toolkit.
 # Pick a CUDA version your host's driver supports: --build-arg BASE_IMAGE=….
+# scripts/docker_check.sh builds it on a Debian base with no registry and runs two peers of it.
 ARG BASE_IMAGE=pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime
 FROM ${BASE_IMAGE}
 
