@@ -103,8 +103,8 @@ fi
 
 # --- 2. the base image ------------------------------------------------------------------------
 
-base_build_s=None # Python's null: the cached base image was reused
-debootstrap_s=None
+base_build_s=null # null: the cached base image was reused
+debootstrap_s=null
 if ((REBUILD_BASE)) || ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
     docker image rm "$BASE_IMAGE" >/dev/null 2>&1 || true # --rebuild-base: not left behind as a dangling 5 GB image
     say "building $BASE_IMAGE (debootstrap, python3, torch==$TORCH_VERSION from PyPI: a few minutes)"
@@ -157,7 +157,7 @@ packages() {
         awk '$1 == "installed" {print $2}' | sort
 }
 left=$(comm -13 <(packages "$BASE_IMAGE") <(packages "$IMAGE") | sed '/^libgmp10/d')
-[[ -z $left ]] || fail "the build left packages behind that only it needed: $(echo $left)"
+[[ -z $left ]] || fail "the build left packages behind that only it needed: ${left//$'\n'/ }"
 
 # --- 4. two peers -----------------------------------------------------------------------------
 
@@ -213,7 +213,9 @@ healthy_s=$(since "$t0")
 say "both containers healthy ${healthy_s} s after the first docker run"
 
 table=$(docker exec "$NAME-a" murmur status) || fail "docker exec $NAME-a murmur status failed"
-grep -q "peer ID" <<<"$table" && grep -q "merged" <<<"$table" || fail "murmur status shows no peer or merges: $table"
+if ! grep -q "peer ID" <<<"$table" || ! grep -q "merged" <<<"$table"; then
+    fail "murmur status shows no peer ID or merges: $table"
+fi
 
 # What a health check costs while both peers train: its own wall time, and, for scale, importing torch.
 health_s=()
@@ -238,36 +240,43 @@ done
 
 # --- 5. the figures ---------------------------------------------------------------------------
 
-join() { local IFS=,; echo "[$*]"; }
+join() {
+    local IFS=,
+    echo "[$*]"
+}
 docker inspect --format '{{json .State.Health.Log}}' "$NAME-a" >"$WORK/healthchecks.json"
-export IMAGE BASE_IMAGE WORK LOAD_AT_START LOAD_AT_END=$(cut -d' ' -f1-3 /proc/loadavg) CPUS=$(nproc)
-export IMAGE_BYTES=$(docker image inspect --format '{{.Size}}' "$IMAGE")
-export BASE_BYTES=$(docker image inspect --format '{{.Size}}' "$BASE_IMAGE")
-export FIGURES="{'base_build_s': $base_build_s, 'base_debootstrap_and_import_s': $debootstrap_s,
-  'project_build_s': $project_build_s, 'run_to_first_merge_s': $first_merge_s, 'run_to_both_healthy_s': $healthy_s,
-  'merged_exchanges_peer_a': $total_merged, 'status_health_under_load_s': $(join "${health_s[@]}"),
-  'import_torch_under_load_s': $(join "${torch_s[@]}")}"
 mkdir -p "$(dirname "$OUT")"
-python3 - "$OUT" <<'EOF'
-import ast, json, os, re, sys
+# name=value pairs; each value is JSON (a number, null, a list) or else a string.
+python3 - "$OUT" "$WORK/healthchecks.json" \
+    image="$IMAGE" base_image="$BASE_IMAGE" \
+    image_bytes="$(docker image inspect --format '{{.Size}}' "$IMAGE")" \
+    base_image_bytes="$(docker image inspect --format '{{.Size}}' "$BASE_IMAGE")" \
+    base_build_s="$base_build_s" base_debootstrap_and_import_s="$debootstrap_s" \
+    project_build_s="$project_build_s" run_to_first_merge_s="$first_merge_s" run_to_both_healthy_s="$healthy_s" \
+    merged_exchanges_peer_a="$total_merged" \
+    status_health_under_load_s="$(join "${health_s[@]}")" import_torch_under_load_s="$(join "${torch_s[@]}")" \
+    cpus="$(nproc)" load_average_at_start="$LOAD_AT_START" load_average_at_end="$(cut -d' ' -f1-3 /proc/loadavg)" <<'EOF'
+import json, re, sys
 from datetime import datetime
+
+def value(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 def seconds(stamp: str) -> float:  # RFC 3339 with nanoseconds; fromisoformat takes microseconds
     return datetime.fromisoformat(re.sub(r"(\.\d{6})\d*", r"\1", stamp).replace("Z", "+00:00")).timestamp()
 
-checks = json.load(open(os.path.join(os.environ["WORK"], "healthchecks.json"))) or []
-report = {
-    "image": os.environ["IMAGE"],
-    "base_image": os.environ["BASE_IMAGE"],
-    "image_size_gb": round(int(os.environ["IMAGE_BYTES"]) / 1e9, 2),
-    "base_image_size_gb": round(int(os.environ["BASE_BYTES"]) / 1e9, 2),
-    **ast.literal_eval(os.environ["FIGURES"]),  # base_build_s null: the cached base image was reused
-    "healthcheck_runs_s": [round(seconds(c["End"]) - seconds(c["Start"]), 2) for c in checks],
-    "host": {"cpus": int(os.environ["CPUS"]), "load_average_at_start": os.environ["LOAD_AT_START"],
-             "load_average_at_end": os.environ["LOAD_AT_END"]},
-}
+out, checks_file, *pairs = sys.argv[1:]
+report = {name: value(text) for name, _, text in (pair.partition("=") for pair in pairs)}
+with open(checks_file) as f:
+    checks = json.load(f) or []
+for name in ("image", "base_image"):
+    report[f"{name}_size_gb"] = round(report[f"{name}_bytes"] / 1e9, 2)
+report["healthcheck_runs_s"] = [round(seconds(c["End"]) - seconds(c["Start"]), 2) for c in checks]
 text = json.dumps(report, indent=1)
-with open(sys.argv[1], "w") as f:
+with open(out, "w") as f:
     f.write(text + "\n")
 print(text)
 EOF
