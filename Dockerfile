@@ -8,6 +8,7 @@
 # The base image brings a CUDA build of torch (Murmur needs torch>=2.13,<2.15) and
 # its CUDA runtime; the host needs only an NVIDIA driver and the container toolkit.
 # Pick a CUDA version your host's driver supports: --build-arg BASE_IMAGE=….
+# scripts/docker_check.sh builds it on a Debian base with no registry and runs two peers of it.
 ARG BASE_IMAGE=pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime
 FROM ${BASE_IMAGE}
 
@@ -26,14 +27,19 @@ COPY murmur ./murmur
 # The base image's torch satisfies the dependency, so pip adds only Murmur and its
 # small dependencies; the check fails the build if the image's torch has no CUDA.
 # fastecdsa (a py-libp2p dependency) has no Linux wheel: it compiles against GMP, so a
-# compiler and GMP's headers are installed for the build and removed after it
-# (libgmp10, which it links to at run time, stays).
-RUN apt-get update \
+# compiler and GMP's headers are installed for the build, and every package the build
+# added is removed after it except libgmp10, which fastecdsa links to at run time. (A
+# purge --auto-remove would keep gcc wherever the base has libc6-dev, which recommends it.)
+RUN installed() { dpkg-query -W -f '${db:Status-Status} ${binary:Package}\n' | awk '$1 == "installed" {print $2}' | sort; } \
+    && installed > /tmp/packages-before \
+    && apt-get update \
     && apt-get install -y --no-install-recommends build-essential libgmp-dev \
     && pip install . \
     && apt-mark manual libgmp10 \
-    && apt-get purge -y --auto-remove build-essential libgmp-dev \
-    && rm -rf /var/lib/apt/lists/* \
+    && installed | comm -13 /tmp/packages-before - | sed '/^libgmp10/d' > /tmp/packages-added \
+    && apt-get purge -y $(cat /tmp/packages-added) \
+    && apt-get clean \
+    && rm -rf /var/lib/apt/lists/* /tmp/packages-* \
     && python -c "import torch, fastecdsa.curve, murmur.node.cli; assert torch.version.cuda, 'base image torch has no CUDA'"
 
 RUN useradd --create-home --uid 10001 murmur \

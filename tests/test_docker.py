@@ -177,6 +177,55 @@ def test_the_entrypoint_starts_a_node(tmp_path: Path) -> None:
     assert gone.returncode == 1 and gone.stdout.startswith("unhealthy"), gone.stdout  # the node has exited
 
 
+# --- scripts/docker_check.sh (builds and runs the image; too slow for the suite) -----------
+
+CHECK_SCRIPT = ROOT / "scripts" / "docker_check.sh"
+
+
+def _check_script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(CHECK_SCRIPT), *args], capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_the_check_script_parses_and_explains_itself() -> None:
+    assert subprocess.run(["bash", "-n", str(CHECK_SCRIPT)], capture_output=True, check=False).returncode == 0
+    usage = _check_script("--help")
+    assert usage.returncode == 0 and "scripts/docker_check.sh [--out FILE]" in usage.stdout, usage
+    assert not usage.stdout.startswith("#")  # the header comment, printed as text
+    wrong = _check_script("--bogus")
+    assert wrong.returncode == 2 and "unknown argument --bogus" in wrong.stderr, wrong
+
+
+def test_the_check_script_builds_a_base_whose_torch_the_image_keeps() -> None:
+    script = CHECK_SCRIPT.read_text()
+    pinned = re.search(r"^TORCH_VERSION=([\d.]+)$", script, re.MULTILINE).group(1)
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    torch_req = next(Requirement(d) for d in dependencies if Requirement(d).name == "torch")
+    assert pinned in torch_req.specifier, (pinned, str(torch_req))  # else `pip install .` fetches another torch
+    assert re.search(r"pip install torch==\$TORCH_VERSION", script)
+    assert '--build-arg "BASE_IMAGE=$BASE_IMAGE"' in script  # the Dockerfile's ARG
+    assert "ARG BASE_IMAGE" in (ROOT / "Dockerfile").read_text()
+
+
+def test_the_build_removes_the_packages_it_added_but_gmp() -> None:
+    """The RUN's package bookkeeping, run on this machine's dpkg database where it has one: what it
+    lists as installed is what dpkg says, and a package installed for the build alone would be purged."""
+    install = next(run for run in _instructions("RUN") if "pip install ." in run)
+    assert install.index("> /tmp/packages-before") < install.index("apt-get install")
+    assert install.index("pip install .") < install.index("apt-get purge -y $(cat /tmp/packages-added)")
+    if subprocess.run(["sh", "-c", "command -v dpkg-query"], capture_output=True, check=False).returncode:
+        pytest.skip("no dpkg here")
+    definition = install.split(" && ")[0]  # installed() { …; }
+    assert definition.startswith("installed() {")
+    listed = subprocess.run(["sh", "-c", f"{definition}; installed"], capture_output=True, text=True, check=True).stdout
+    names = listed.splitlines()
+    assert "dpkg" in names and len(set(names)) == len(names)
+    # As the build computes the added packages: gmp's runtime library stays, the rest goes.
+    added = "build-essential\ngcc\nlibgmp-dev:amd64\nlibgmp10:amd64\n"
+    filter_ = install.split("comm -13 /tmp/packages-before - | ")[1].split(" > /tmp/packages-added")[0]
+    kept = subprocess.run(["sh", "-c", filter_], input=added, capture_output=True, text=True, check=True).stdout
+    assert kept.split() == ["build-essential", "gcc", "libgmp-dev:amd64"]
+
+
 # --- docker-compose.yml -------------------------------------------------------------------
 
 
