@@ -24,7 +24,7 @@ import torch
 
 from murmur.node.averaging.factory import build_averager
 from murmur.node.averaging.outcome import Outcome, Result
-from murmur.node.learn.checkpoint import load_latest, save_checkpoint
+from murmur.node.learn.checkpoint import CheckpointWriteFailed, load_latest, remove_unfinished, save_checkpoint
 from murmur.node.learn.deltas import Compression, compression_for
 from murmur.node.learn.device import describe, resolve_device
 from murmur.node.learn.loop import Evaluation, TrainingLoop, TrainStats, train
@@ -177,6 +177,7 @@ class Node:
         hands its unmerged work to a partner (one exchange, bounded by the exchange timeout),
         tells its neighbours it is leaving and checkpoints; after a plain cancellation
         the goodbye is best effort (the host is going away too), bounded by 3 s.
+        Raises `CheckpointWriteFailed` once stopped if that last checkpoint could not be written.
         """
         cfg = self.config
         self.transport.set_handler(PEERS_PROTOCOL, self.membership.serve)
@@ -191,6 +192,7 @@ class Node:
             if cfg.addr_file:
                 _write_atomic(cfg.addr_file, "".join(a + "\n" for a in listening + announced))
             task_status.started(addrs)
+            exit_checkpoint_failed: CheckpointWriteFailed | None = None
             try:
                 with self._serve_scope:
                     async with anyio.create_task_group() as tg:
@@ -206,8 +208,13 @@ class Node:
                     await self.membership.announce_leaving()
                 if self.checkpoint_on_exit:
                     with anyio.CancelScope(shield=True):
-                        await self.save_checkpoint()
+                        try:
+                            await self.save_checkpoint()
+                        except CheckpointWriteFailed as exc:
+                            exit_checkpoint_failed = exc
                 log.info("%s", exit_summary(self.write_status()))
+            if exit_checkpoint_failed is not None:  # after the goodbye and the summary: only the last checkpoint is lost
+                raise exit_checkpoint_failed
 
     async def _parting_merge(self) -> None:
         """One last exchange, if this peer trained since its last merge: a peer that leaves takes none of its work with it."""
@@ -260,7 +267,10 @@ class Node:
         self.on_evaluation(evaluation)
 
     def _restore(self) -> Path | None:
-        found = load_latest(self.config.data_dir / CHECKPOINT_DIR)
+        directory = self.config.data_dir / CHECKPOINT_DIR
+        for name in remove_unfinished(directory):  # this node is the data dir's one writer, and it has not started
+            log.info("removed %s: an unfinished checkpoint write (the node was stopped mid-write)", name)
+        found = load_latest(directory)
         if found is None:
             return None
         state, path = found
@@ -276,13 +286,26 @@ class Node:
         return path
 
     async def save_checkpoint(self) -> Path:
+        """Checkpoint the model now; raises `CheckpointWriteFailed` (the earlier checkpoints kept) if it cannot be written."""
         state = await anyio.to_thread.run_sync(self.replica.checkpoint_state)
         return await anyio.to_thread.run_sync(save_checkpoint, self.config.data_dir / CHECKPOINT_DIR, state)
 
     async def _checkpoint_periodically(self) -> None:
+        """Checkpoint every `checkpoint_every` seconds; a failed write (a full disk) is logged and training goes on."""
+        failing: str | None = None
         while True:
             await anyio.sleep(self.config.checkpoint_every)
-            await self.save_checkpoint()
+            try:
+                await self.save_checkpoint()
+            except CheckpointWriteFailed as exc:
+                # Once per kind of failure, not every period: the line says it all until the disk is freed.
+                if str(exc) != failing:
+                    log.warning("checkpoint failed: %s; training goes on, the previous checkpoint is kept", exc)
+                failing = str(exc)
+            else:
+                if failing is not None:
+                    log.info("checkpoints are written again")
+                failing = None
 
     async def _log_progress(self) -> None:
         """Log `progress_line` every `progress_every` seconds of training (never if 0)."""
