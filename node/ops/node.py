@@ -213,7 +213,8 @@ class Node:
                         except CheckpointWriteFailed as exc:
                             exit_checkpoint_failed = exc
                 log.info("%s", exit_summary(self.write_status()))
-            if exit_checkpoint_failed is not None:  # after the goodbye and the summary: only the last checkpoint is lost
+            # Raised after the goodbye and the summary: only the last checkpoint is lost.
+            if exit_checkpoint_failed is not None:
                 raise exit_checkpoint_failed
 
     async def _parting_merge(self) -> None:

@@ -1,0 +1,115 @@
+"""What a `murmur run` process leaves on disk when it is killed mid-checkpoint or its disk fills up.
+
+Real processes over loopback (`lab.swarm`); the checkpoint file format itself is `test_checkpoint.py`'s.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from tmpfs import small_disk
+
+from lab.swarm import Peer, restart_peer, start_peer, stop_swarm, wait_for_address
+from murmur.node.learn.checkpoint import load_latest, newest_first, read_checkpoint
+from murmur.node.ops.node import CHECKPOINT_DIR
+
+pytestmark = pytest.mark.slow
+
+
+def _wait_for(condition, what: str, peer: Peer, timeout: float = 90.0):
+    """Poll `condition()` until it returns something true; fail naming `what` if the peer exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        assert peer.alive(), f"peer exited ({peer.process.returncode}) waiting for {what}:\n{peer.log()[-3000:]}"
+        time.sleep(0.05)
+    pytest.fail(f"no {what} within {timeout:g}s:\n{peer.log()[-3000:]}")
+
+
+def _kill_mid_write(peer: Peer, directory: Path, timeout: float = 120.0) -> str:
+    """SIGKILL `peer` while it writes a checkpoint that has a predecessor; return the unfinished temporary's name.
+
+    The peer is frozen (SIGSTOP) as soon as a temporary appears; only if the temporary is still
+    there once it is frozen is it killed, else it runs on until its next write.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert peer.alive(), peer.log()[-3000:]
+        names = os.listdir(directory) if directory.is_dir() else []
+        unfinished = [n for n in names if n.endswith(".pt.tmp")]
+        if unfinished and any(n.startswith("checkpoint-") for n in names):
+            os.kill(peer.process.pid, signal.SIGSTOP)
+            if (directory / unfinished[0]).exists():
+                os.kill(peer.process.pid, signal.SIGKILL)
+                assert peer.process.wait(timeout=10) == -signal.SIGKILL
+                return unfinished[0]
+            os.kill(peer.process.pid, signal.SIGCONT)  # the write finished meanwhile: catch the next one
+        time.sleep(0.002)
+    pytest.fail("never caught a checkpoint write in progress")
+
+
+def test_a_peer_killed_mid_checkpoint_resumes_from_the_previous_one(tmp_path: Path) -> None:
+    # charlm-large: a checkpoint of ~26 MB takes a good fraction of a second to write and fsync.
+    extra = ["--task", "charlm-large", "--checkpoint-every", "1", "--eval-every", "600"]
+    peer = start_peer(0, tmp_path, 1.0, extra, None, fork=True)
+    peers = [peer]
+    directory = peer.data_dir / CHECKPOINT_DIR
+    try:
+        wait_for_address(peer)
+        unfinished = _kill_mid_write(peer, directory)
+        assert (directory / unfinished).exists()  # the stray temporary of the killed write
+        previous = newest_first(directory)[0]
+        assert int(re.findall(r"\d{8}", unfinished)[0]) == int(re.findall(r"\d{8}", previous.name)[0]) + 1
+        kept = read_checkpoint(previous)  # verified: the kill damaged nothing under a real name
+        assert kept["samples"] > 0
+
+        peers.append(again := restart_peer(peer, extra, None, fork=True))
+        resumed = f"resumed from {previous.name} (work {kept['work']:.0f}, {kept['samples']} samples)"
+        _wait_for(lambda: resumed in again.log(), "resume line", again)
+        assert f"removed {unfinished}: an unfinished checkpoint write" in again.log()
+        # Its status counts on from the kept checkpoint, and its next checkpoint is a good one.
+        status = _wait_for(lambda: (s := again.status()) and s.samples > kept["samples"] and s, "training", again)
+        assert status.work >= kept["work"]
+        _wait_for(lambda: any(p.name > previous.name for p in newest_first(directory)), "next checkpoint", again)
+    finally:
+        codes = stop_swarm(peers)
+    assert codes == [-signal.SIGKILL, 0]
+    state, path = load_latest(directory)
+    assert state["samples"] > kept["samples"]
+    assert not [n for n in os.listdir(directory) if n.endswith(".tmp")]
+    assert "Traceback" not in again.log()
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint_and_the_peer_training(tmp_path: Path) -> None:
+    # The checkpoints folder is a disk with room for one digits checkpoint (~80 kB) but not two.
+    data_dir = tmp_path / "peer-0"
+    with small_disk(data_dir / CHECKPOINT_DIR, 128) as directory:
+        extra = ["--task", "digits", "--checkpoint-every", "0.5", "--step-time", "20"]
+        peer = start_peer(0, tmp_path, 1.0, extra, None, fork=True)
+        try:
+            wait_for_address(peer)
+            failed = (f"checkpoint failed: no space left on device writing checkpoint {directory / 'checkpoint-00000002.pt'}; "
+                      "training goes on, the previous checkpoint is kept")  # fmt: skip
+            _wait_for(lambda: failed in peer.log(), "checkpoint failure line", peer)
+            before = peer.status().samples
+            _wait_for(lambda: peer.status().samples > before, "training after the failure", peer)
+            time.sleep(1.5)  # three more periods: each fails again, and says so only once
+            assert peer.log().count("checkpoint failed") == 1
+            kept = read_checkpoint(directory / "checkpoint-00000001.pt")
+            os.kill(peer.process.pid, signal.SIGTERM)
+            code = peer.process.wait(timeout=60)  # the checkpoint on exit fails too
+        finally:
+            stop_swarm([peer])
+        assert os.listdir(directory) == ["checkpoint-00000001.pt"]  # no temporary left behind
+        assert load_latest(directory)[0]["samples"] == kept["samples"]
+    log = peer.log()
+    assert code == 1, log[-3000:]
+    assert log.splitlines()[-1] == ("murmur run: error: no space left on device writing checkpoint "
+                                    f"{directory / 'checkpoint-00000002.pt'}")  # fmt: skip
+    assert "Traceback" not in log
