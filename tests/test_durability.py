@@ -80,8 +80,7 @@ def test_a_peer_killed_mid_checkpoint_resumes_from_the_previous_one(tmp_path: Pa
     finally:
         codes = stop_swarm(peers)
     assert codes == [-signal.SIGKILL, 0]
-    state, path = load_latest(directory)
-    assert state["samples"] > kept["samples"]
+    assert load_latest(directory)[0]["samples"] > kept["samples"]
     assert not [n for n in os.listdir(directory) if n.endswith(".tmp")]
     assert "Traceback" not in again.log()
 
