@@ -8,13 +8,24 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from tmpfs import small_disk
 
-from lab.swarm import Peer, restart_peer, start_peer, stop_swarm, wait_for_address
+from lab.swarm import (
+    LOOPBACK,
+    Peer,
+    peer_environment,
+    restart_peer,
+    start_peer,
+    stop_processes,
+    stop_swarm,
+    wait_for_address,
+)
 from murmur.node.learn.checkpoint import load_latest, newest_first, read_checkpoint
 from murmur.node.ops.node import CHECKPOINT_DIR
 
@@ -111,4 +122,63 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_the_peer_training(tmp_pat
     assert code == 1, log[-3000:]
     assert log.splitlines()[-1] == ("murmur run: error: no space left on device writing checkpoint "
                                     f"{directory / 'checkpoint-00000002.pt'}")  # fmt: skip
+    assert "Traceback" not in log
+
+
+def _fill(disk: Path) -> Path:
+    """Fill `disk` to the last page with one file; return it."""
+    filler = disk / "filler"
+    with filler.open("wb", buffering=0) as f:
+        for block in (1 << 16, 1 << 12):  # big blocks, then pages: no page is left for another file
+            try:
+                for _ in range((4 << 20) // block):  # bounded: the disks here are far smaller
+                    f.write(b"\0" * block)
+            except OSError:
+                pass
+    return filler
+
+
+def test_a_full_data_dir_is_survived_and_every_write_resumes_once_space_is_freed(tmp_path: Path) -> None:
+    # The user's `murmur run` (its log on stderr, not in the data dir), its whole data dir on a small disk.
+    log_path = tmp_path / "log.txt"
+    with small_disk(tmp_path / "data", 1024) as data_dir:
+        argv = [sys.executable, "-m", "murmur.node.cli", "run", "--data-dir", str(data_dir), "--listen", LOOPBACK,
+                "--task", "digits", "--threads", "1", "--checkpoint-every", "0.5", "--progress-every", "0.5"]  # fmt: skip
+        with log_path.open("w") as log:
+            process = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=peer_environment()
+            )
+        peer = Peer(0, 1.0, data_dir, process)
+        peer.log = log_path.read_text  # type: ignore[method-assign]
+        try:
+            _wait_for(
+                lambda: (data_dir / CHECKPOINT_DIR / "checkpoint-00000001.pt").exists() and peer.status(),
+                "checkpoint",
+                peer,
+            )
+            filler = _fill(data_dir)
+            _wait_for(lambda: "cannot write status.json: No space left on device; the node runs on without it" in peer.log(),
+                      "status failure line", peer)  # fmt: skip
+            _wait_for(
+                lambda: "checkpoint failed: no space left on device" in peer.log(), "checkpoint failure line", peer
+            )
+            progress = peer.log().count("samples/s")
+            _wait_for(lambda: peer.log().count("samples/s") >= progress + 2, "progress while the disk is full", peer)
+            stale = peer.status().samples
+            filler.unlink()
+            _wait_for(lambda: "status.json is written again" in peer.log(), "status resumed line", peer)
+            _wait_for(lambda: "checkpoints are written again" in peer.log(), "checkpoint resumed line", peer)
+            assert peer.status().samples > stale
+            os.kill(process.pid, signal.SIGTERM)
+            code = process.wait(timeout=60)
+        finally:
+            stop_processes([process])
+        names = sorted(os.listdir(data_dir / CHECKPOINT_DIR))
+        assert len(names) == 2 and all(n.startswith("checkpoint-") and n.endswith(".pt") for n in names), names
+        assert not [n for n in os.listdir(data_dir) if n.endswith(".tmp")]
+    log = log_path.read_text()
+    assert code == 0, log[-3000:]
+    assert (
+        log.count("cannot write status.json") == 1 and log.count("checkpoint failed") == 1
+    )  # once each, not every second
     assert "Traceback" not in log

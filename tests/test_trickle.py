@@ -92,7 +92,11 @@ async def test_a_trickling_partner_loses_the_slot_and_its_buffers_at_the_timeout
             assert (busy.result, busy.reason) == (Result.BUSY, "already in an exchange")  # the slot the trickler holds
             await settled(victim)
         failed = victim.averager.recent[-1]
-        assert (failed.result, failed.partner, failed.reason) == (Result.FAILED, trickler.peer_id, f"timed out after {TIMEOUT:g}s")
+        assert (failed.result, failed.partner, failed.reason) == (
+            Result.FAILED,
+            trickler.peer_id,
+            f"timed out after {TIMEOUT:g}s",
+        )
         # Simulated time: bytes arriving never extended the deadline, and the slot was freed with the outcome.
         assert failed.duration_s == pytest.approx(TIMEOUT)
         del buffers

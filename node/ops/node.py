@@ -140,6 +140,7 @@ class Node:
         self.dashboard_url: str | None = None
         self.dashboard = DashboardState(self.metrics.registry)
         self.history = SwarmHistory()
+        self._failing_writes: set[str] = set()  # data dir files whose last write failed (`_write_or_warn`)
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.resumed_from = self._restore()
         self._metrics_path = config.data_dir / METRICS_FILE
@@ -263,8 +264,7 @@ class Node:
         # Stamped when the model was copied: an evaluation on a busy machine may finish much later.
         record = {"t": evaluation.t, "samples": evaluation.samples, "work": evaluation.work, **evaluation.metrics,
                   "exchanges": self.averager.outcomes[Result.MERGED]}
-        with self._metrics_path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        self._write_or_warn(METRICS_FILE, functools.partial(_append_line, self._metrics_path, json.dumps(record)))
         self.on_evaluation(evaluation)
 
     def _restore(self) -> Path | None:
@@ -397,10 +397,26 @@ class Node:
         )  # fmt: skip
 
     def write_status(self) -> NodeStatus:
-        """Write `status()` to the data dir's status.json (atomically) and return it."""
+        """Write `status()` to the data dir's status.json (atomically) and return it.
+
+        A write that fails (a full disk) is logged, once until one succeeds again, and skipped: the node runs on.
+        """
         status = self.status()
-        _write_atomic(self.config.data_dir / STATUS_FILE, status.to_json())
+        self._write_or_warn(STATUS_FILE, functools.partial(_write_atomic, self.config.data_dir / STATUS_FILE, status.to_json()))
         return status
+
+    def _write_or_warn(self, name: str, write: Callable[[], None]) -> None:
+        """Run `write` (of the data dir's file `name`); an OSError is logged once until `write` succeeds again."""
+        try:
+            write()
+        except OSError as exc:
+            if name not in self._failing_writes:
+                log.warning("cannot write %s: %s; the node runs on without it", name, exc.strerror or exc)
+                self._failing_writes.add(name)
+        else:
+            if name in self._failing_writes:
+                log.info("%s is written again", name)
+                self._failing_writes.discard(name)
 
 
 def _print_now(line: str) -> None:
@@ -413,5 +429,14 @@ def _finite_or_none(value: float | None) -> float | None:
 
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk gets the space back
+        raise
+
+
+def _append_line(path: Path, line: str) -> None:
+    with path.open("a") as f:
+        f.write(line + "\n")
