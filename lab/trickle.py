@@ -8,9 +8,11 @@ attack the victim for `--attack` seconds, then stop, and the run watches `--calm
 Each trickler opens an averaging exchange as an honest initiator would (a valid Offer); once
 accepted it announces its model and then sends 4 bytes every 0.25 s until the victim hangs up; a
 Busy answer makes it ask again 0.2 s later. Every 0.5 s the run samples the victim's RSS (/proc),
-both peers' exchange counts (status.json) and how many tricklers hold an accepted exchange (the
-victim has one slot). The samples, each hold (accepted, cut off) and a summary go to
-`--out`/trickle.json; the summary is printed too.
+both peers' exchange counts (status.json), how the victim ended the tricklers' exchanges (its
+recent outcomes) and how many tricklers hold an accepted exchange as they see it (the victim has
+one slot; a trickler notices the victim hung up only at its next write, so two may briefly
+overlap). The samples, each hold (accepted, cut off, as the trickler saw it) and a summary go to
+`--out`/trickle.json; the summary is printed too. Results: docs/bench/trickle/.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import statistics
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +52,8 @@ class Attack:
     until: float
     holding: int = 0
     holds: list[dict] = field(default_factory=list)
+    trickler_ids: set[str] = field(default_factory=set)
+    victim_outcomes: set[tuple] = field(default_factory=set)  # (result, reason, duration) the victim recorded
     answers: dict[str, int] = field(default_factory=dict)
 
     def count(self, what: str) -> None:
@@ -79,13 +84,17 @@ async def _trickler(index: int, transport, attack: Attack) -> None:
         accepted, cut = trio.current_time(), None
         attack.holding += 1
         try:
-            await stream.send_all(ex.send(attack.params))
-            with trio.move_on_at(attack.until):
-                for start in range(0, len(frame), TRICKLE_BYTES):
-                    await stream.send_all(frame[start : start + TRICKLE_BYTES])
-                    await trio.sleep(TRICKLE_EVERY)
-        except TransportError:
-            cut = trio.current_time()  # the victim hung up
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_drain, stream)  # take the victim's model, so only the victim ends the stream
+                try:
+                    with trio.move_on_at(attack.until):
+                        await stream.send_all(ex.send(attack.params))
+                        for start in range(0, len(frame), TRICKLE_BYTES):
+                            await stream.send_all(frame[start : start + TRICKLE_BYTES])
+                            await trio.sleep(TRICKLE_EVERY)
+                except TransportError:
+                    cut = trio.current_time()  # the victim hung up
+                nursery.cancel_scope.cancel()
         finally:
             attack.holding -= 1
         if cut is None:
@@ -93,6 +102,14 @@ async def _trickler(index: int, transport, attack: Attack) -> None:
         attack.holds.append({"trickler": index, "accepted_s": accepted - attack.t0,
                              "held_s": (cut if cut is not None else trio.current_time()) - accepted,
                              "cut_by_victim": cut is not None})  # fmt: skip
+
+
+async def _drain(stream) -> None:
+    try:
+        while await stream.receive_some():
+            pass
+    except TransportError:
+        pass
 
 
 def _rss_mb(pid: int) -> float | None:
@@ -108,6 +125,9 @@ def _rss_mb(pid: int) -> float | None:
 async def _sample(victim, honest, attack: Attack, end: float, samples: list[dict]) -> None:
     while trio.current_time() < end:
         v, h = victim.status(), honest.status()
+        for outcome in v.recent_exchanges if v else ():
+            if outcome.partner in attack.trickler_ids:  # how the victim ended a trickler's exchange
+                attack.victim_outcomes.add((outcome.result, outcome.reason, round(outcome.duration_s, 3)))
         samples.append({
             "t": trio.current_time() - attack.t0, "victim_rss_mb": _rss_mb(victim.process.pid),
             "slots_held_by_tricklers": attack.holding,
@@ -131,9 +151,11 @@ async def _attack(args: argparse.Namespace, victim, honest, opening: tuple[Offer
         async with trio.open_nursery() as attackers:
             for i in range(args.tricklers):
                 transport = Libp2pTransport(create_new_key_pair())
+                attack.trickler_ids.add(transport.peer_id)
                 await attackers.start(_hosted, transport, i, attack)
         await trio.sleep_until(end)
-    return {"samples": samples, "holds": attack.holds, "answers": attack.answers}
+    victim_outcomes = [{"result": r, "reason": why, "duration_s": d} for r, why, d in sorted(attack.victim_outcomes)]
+    return {"samples": samples, "holds": attack.holds, "answers": attack.answers, "victim_outcomes": victim_outcomes}
 
 
 async def _hosted(transport, index: int, attack: Attack, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -180,6 +202,8 @@ def summarize(result: dict, calm: float, attack_s: float, bound_s: float) -> dic
         **{f"victim_rss_mb_{p}_median": statistics.median([s["victim_rss_mb"] for s in within(p)]) for p in phases if within(p)},
         "victim_rss_mb_attack_max": max((s["victim_rss_mb"] for s in attack_rows), default=None),
         **{f"victim_merges_{p}": merges(p, "victim_exchanges") for p in phases},
+        "victim_ended_trickles": dict(Counter(f"{o['result']}: {o['reason']}" for o in result["victim_outcomes"])),
+        "victim_trickle_s_max": max((o["duration_s"] for o in result["victim_outcomes"]), default=None),
         "answers": result["answers"],
     }  # fmt: skip
 

@@ -94,7 +94,7 @@ async def test_a_newcomer_syncs_a_libp2p_peers_model() -> None:
 
 async def test_a_trickling_initiator_is_cut_off_at_the_exchange_timeout_and_the_responder_merges_next() -> None:
     # The averaging case of tests/test_trickle.py (simulated time) over real libp2p, in real time.
-    async with libp2p_peers(2) as [(tv, victim, lv), (th, honest, lh)], AsyncExitStack() as stack:
+    async with libp2p_peers(2) as [(tv, victim, lv), (_, honest, lh)], AsyncExitStack() as stack:
         victim.timeout_s = 2.0  # the bound under test; the default (10 s plus the transfer time) would only be slower
         trickler = Libp2pTransport(create_new_key_pair())
         await stack.enter_async_context(trickler.run(["/ip4/127.0.0.1/tcp/0"]))
