@@ -127,7 +127,7 @@ def test_a_write_that_cannot_be_pickled_removes_its_temporary_and_raises_as_it_i
     assert os.listdir(tmp_path) == ["checkpoint-00000001.pt"]
 
 
-def test_a_read_only_folder_fails_in_one_line(tmp_path: Path) -> None:
+def test_a_checkpoint_folder_that_cannot_be_made_fails_in_one_line(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     with pytest.raises(CheckpointWriteFailed, match=r"^cannot write checkpoint .*/file: "):
         save_checkpoint(tmp_path / "file", {"n": 1})  # a file where the folder should be

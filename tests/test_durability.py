@@ -105,7 +105,7 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_the_peer_training(tmp_pat
         try:
             wait_for_address(peer)
             failed = (f"checkpoint failed: no space left on device writing checkpoint {directory / 'checkpoint-00000002.pt'}; "
-                      "training goes on, the previous checkpoint is kept")  # fmt: skip
+                      "training goes on, checkpoint-00000001.pt is kept")  # fmt: skip
             _wait_for(lambda: failed in peer.log(), "checkpoint failure line", peer)
             before = peer.status().samples
             _wait_for(lambda: peer.status().samples > before, "training after the failure", peer)

@@ -24,7 +24,13 @@ import torch
 
 from murmur.node.averaging.factory import build_averager
 from murmur.node.averaging.outcome import Outcome, Result
-from murmur.node.learn.checkpoint import CheckpointWriteFailed, load_latest, remove_unfinished, save_checkpoint
+from murmur.node.learn.checkpoint import (
+    CheckpointWriteFailed,
+    load_latest,
+    newest_first,
+    remove_unfinished,
+    save_checkpoint,
+)
 from murmur.node.learn.deltas import Compression, compression_for
 from murmur.node.learn.device import describe, resolve_device
 from murmur.node.learn.loop import Evaluation, TrainingLoop, TrainStats, train
@@ -301,7 +307,9 @@ class Node:
             except CheckpointWriteFailed as exc:
                 # Once per kind of failure, not every period: the line says it all until the disk is freed.
                 if str(exc) != failing:
-                    log.warning("checkpoint failed: %s; training goes on, the previous checkpoint is kept", exc)
+                    kept = newest_first(self.config.data_dir / CHECKPOINT_DIR)
+                    log.warning("checkpoint failed: %s; training goes on, %s", exc,
+                                f"{kept[0].name} is kept" if kept else "with no checkpoint yet")  # fmt: skip
                 failing = str(exc)
             else:
                 if failing is not None:
