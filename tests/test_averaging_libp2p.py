@@ -16,7 +16,7 @@ from averager_harness import assert_state_close
 from libp2p.crypto.ed25519 import create_new_key_pair
 
 from lab.outer_merge import OuterRule
-from murmur.node.averaging.averager import Averager
+from murmur.node.averaging.averager import AVERAGE_PROTOCOL, Averager
 from murmur.node.averaging.factory import build_averager
 from murmur.node.averaging.outcome import Result
 from murmur.node.learn.loop import TrainingLoop
@@ -24,6 +24,9 @@ from murmur.node.learn.rules import MergeRule, WorkRule
 from murmur.node.learn.tasks import DigitsTask
 from murmur.node.net.libp2p_transport import Libp2pTransport
 from murmur.node.net.peers import PeerTable
+from murmur.node.net.transport import TransportError
+from murmur.protocol.exchange import AVERAGE, Exchange, Role
+from murmur.protocol.messages import Accept, Chunk, Offer, Params, encode_frame
 
 pytestmark = pytest.mark.anyio
 
@@ -87,3 +90,35 @@ async def test_a_newcomer_syncs_a_libp2p_peers_model() -> None:
         assert outcome.result == Result.SYNCED and outcome.partner == tv.peer_id
         assert_state_close(newcomer.replica.snapshot().state, veteran.replica.snapshot().state)
         assert newcomer.replica.work == veteran.replica.work
+
+
+async def test_a_trickling_initiator_is_cut_off_at_the_exchange_timeout_and_the_responder_merges_next() -> None:
+    # The averaging case of tests/test_trickle.py (simulated time) over real libp2p, in real time.
+    async with libp2p_peers(2) as [(tv, victim, lv), (_, honest, lh)], AsyncExitStack() as stack:
+        victim.timeout_s = 2.0  # the bound under test; the default (10 s plus the transfer time) would only be slower
+        trickler = Libp2pTransport(create_new_key_pair())
+        await stack.enter_async_context(trickler.run(["/ip4/127.0.0.1/tcp/0"]))
+        lv.step()
+        lh.step()
+        spec = victim.replica.spec
+        stream = await trickler.open_stream(tv.peer_id, tv.addresses(), AVERAGE_PROTOCOL)
+        ex = Exchange(Role.INITIATOR, AVERAGE, max_params_bytes=spec.wire_size("float32"))
+        await stream.send_all(ex.send(Offer(victim.identity.run_id, victim.replica.fingerprint, 32.0, "float32")))
+        with anyio.fail_after(20):
+            while not isinstance(ex.next_event(), Accept):
+                ex.receive_data(await stream.receive_some())
+        await stream.send_all(ex.send(Params("float32", spec.layout, spec.wire_size("float32"))))
+        frame = encode_frame(Chunk(b"\0" * 4096))
+        with anyio.fail_after(20):
+            with pytest.raises(TransportError):  # the victim resets the stream at its timeout
+                for start in range(0, len(frame), 4):  # a few bytes every 0.1 s: 40 bytes/s
+                    await stream.send_all(frame[start : start + 4])
+                    await anyio.sleep(0.1)
+            while not victim.recent:
+                await anyio.sleep(0.01)
+        failed = victim.recent[-1]
+        assert (failed.result, failed.partner, failed.reason) == (Result.FAILED, trickler.peer_id, "timed out after 2s")
+        assert not victim.in_exchange
+        with anyio.fail_after(20):
+            merged = await honest.exchange_with(tv.peer_id, tv.addresses())
+        assert merged.result == Result.MERGED, merged.reason

@@ -1,12 +1,23 @@
+import errno
 import hashlib
 import io
 import logging
+import os
 from pathlib import Path
 
 import pytest
 import torch
+from tmpfs import small_disk
 
-from murmur.node.learn.checkpoint import MAGIC, CorruptCheckpoint, load_latest, read_checkpoint, save_checkpoint
+from murmur.node.learn.checkpoint import (
+    MAGIC,
+    CheckpointWriteFailed,
+    CorruptCheckpoint,
+    load_latest,
+    read_checkpoint,
+    remove_unfinished,
+    save_checkpoint,
+)
 from murmur.node.learn.loop import TrainingLoop
 from murmur.node.learn.tasks import CharLMTask, DigitsTask
 
@@ -91,3 +102,42 @@ def test_a_checkpoint_of_another_task_is_refused(tmp_path: Path) -> None:
     save_checkpoint(tmp_path, TrainingLoop(DigitsTask(), shard=0).replica.checkpoint_state())
     with pytest.raises(ValueError, match="another task"):
         TrainingLoop(CharLMTask(), shard=0).replica.restore(load_latest(tmp_path)[0])
+
+
+def test_a_full_disk_fails_the_write_in_one_line_and_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
+    state = {"w": torch.zeros(20_000)}  # ~80 kB: one fits in the disk below, two do not
+    with small_disk(tmp_path / "disk", 128) as disk:
+        save_checkpoint(disk, {"n": 1, **state})
+        with pytest.raises(CheckpointWriteFailed) as failed:
+            save_checkpoint(disk, {"n": 2, **state})
+        assert str(failed.value) == f"no space left on device writing checkpoint {disk / 'checkpoint-00000002.pt'}"
+        assert failed.value.errno == errno.ENOSPC
+        assert os.listdir(disk) == ["checkpoint-00000001.pt"]  # the temporary is gone, its space returned
+        assert load_latest(disk)[0]["n"] == 1
+        assert load_latest(disk)[1].name == "checkpoint-00000001.pt"
+        # Once there is room again, the next write succeeds and is the newest.
+        save_checkpoint(disk, {"n": 3})
+        assert load_latest(disk)[0] == {"n": 3}
+
+
+def test_a_write_that_cannot_be_pickled_removes_its_temporary_and_raises_as_it_is(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path, {"n": 1})
+    with pytest.raises(AttributeError):  # not the file system's fault: not a CheckpointWriteFailed
+        save_checkpoint(tmp_path, {"f": lambda: None})
+    assert os.listdir(tmp_path) == ["checkpoint-00000001.pt"]
+
+
+def test_a_checkpoint_folder_that_cannot_be_made_fails_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(CheckpointWriteFailed, match=r"^cannot write checkpoint .*/file: "):
+        save_checkpoint(tmp_path / "file", {"n": 1})  # a file where the folder should be
+
+
+def test_unfinished_writes_are_removed_and_nothing_else(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path, {"n": 1})
+    (tmp_path / ".checkpoint-00000002.pt.tmp").write_bytes(b"half")
+    (tmp_path / "checkpoint-00000003.pt.corrupt").write_bytes(b"set aside")
+    (tmp_path / "notes.tmp").write_bytes(b"not ours")
+    assert remove_unfinished(tmp_path) == [".checkpoint-00000002.pt.tmp"]
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-00000001.pt", "checkpoint-00000003.pt.corrupt", "notes.tmp"]
+    assert remove_unfinished(tmp_path / "missing") == []

@@ -5,13 +5,15 @@ A checkpoint file is `payload | TRAILER_MAGIC | sha256(payload)`, where the payl
 file as it is (it ignores the trailer), and Murmur checks the digest first. Files that
 earlier versions wrote, `MAGIC | sha256(payload) | payload`, still load. Writes go
 to a temporary file that is fsynced and renamed, so a crash mid-write leaves at worst
-a stray temporary file, never a damaged checkpoint under a real name. The newest
-`KEEP` checkpoints are kept; loading walks from the newest to the oldest and reports
-each unusable one in a single line.
+a stray temporary file, never a damaged checkpoint under a real name (`remove_unfinished`
+clears it at the next start); a write that fails, a full disk say, removes its temporary
+and raises `CheckpointWriteFailed`. The newest `KEEP` checkpoints are kept; loading walks
+from the newest to the oldest and reports each unusable one in a single line.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import logging
@@ -28,11 +30,23 @@ TRAILER = len(TRAILER_MAGIC) + 32
 HASH_CHUNK = 1 << 20
 KEEP = 2
 _NAME = re.compile(r"^checkpoint-(\d{8})\.pt$")
+_UNFINISHED = re.compile(r"^\.checkpoint-(\d{8})\.pt\.tmp$")
 log = logging.getLogger("murmur.checkpoint")
 
 
 class CorruptCheckpoint(Exception):
     """A checkpoint file is truncated, altered or not a checkpoint; the message says which."""
+
+
+class CheckpointWriteFailed(Exception):
+    """A checkpoint could not be written (a full disk, a read-only folder); the message names the file and why.
+
+    `errno` is the operating system's error number. The checkpoints written before are untouched.
+    """
+
+    def __init__(self, message: str, errno: int | None) -> None:
+        super().__init__(message)
+        self.errno = errno
 
 
 def _numbered(directory: Path) -> list[tuple[int, Path]]:
@@ -58,20 +72,28 @@ class _Hashing:
 
 
 def save_checkpoint(directory: Path, state: dict[str, Any]) -> Path:
-    """Write `state` as the newest checkpoint in `directory`; prune older ones. Returns its path."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """Write `state` as the newest checkpoint in `directory`; prune older ones. Returns its path.
+
+    Raises `CheckpointWriteFailed` if the file system refuses the write (no space left, no
+    permission), having removed the temporary file: the older checkpoints stay as they were.
+    """
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _write_failed(directory, exc) from exc
     existing = _numbered(directory)
     number = existing[-1][0] + 1 if existing else 1
     path = directory / f"checkpoint-{number:08d}.pt"
     tmp = directory / f".{path.name}.tmp"
-    with open(tmp, "wb") as f:
-        # Streamed to the file and hashed on the way, so a checkpoint never holds its payload in memory.
-        payload = _Hashing(f)
-        torch.save(state, payload)
-        f.write(TRAILER_MAGIC + payload.sha256.digest())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        _write_synced(tmp, state)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)  # a full disk gets its space back at once
+        cause = _os_error(exc) if isinstance(exc, Exception) else None
+        if cause is None:
+            raise
+        raise _write_failed(path, cause) from exc
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)  # make the rename itself durable
@@ -80,6 +102,50 @@ def save_checkpoint(directory: Path, state: dict[str, Any]) -> Path:
     for _, old in (existing + [(number, path)])[:-KEEP]:
         old.unlink(missing_ok=True)
     return path
+
+
+def _write_synced(tmp: Path, state: dict[str, Any]) -> None:
+    with open(tmp, "wb") as f:
+        # Streamed to the file and hashed on the way, so a checkpoint never holds its payload in memory.
+        payload = _Hashing(f)
+        torch.save(state, payload)
+        f.write(TRAILER_MAGIC + payload.sha256.digest())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The OSError behind `exc`: torch.save reports a failed write as a RuntimeError whose context is the OSError."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _write_failed(path: Path, error: OSError) -> CheckpointWriteFailed:
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return CheckpointWriteFailed(f"no space left on device writing checkpoint {path}", error.errno)
+    return CheckpointWriteFailed(f"cannot write checkpoint {path}: {error.strerror or error}", error.errno)
+
+
+def remove_unfinished(directory: Path) -> list[str]:
+    """Delete the temporary files of checkpoint writes that never finished (the process was killed mid-write).
+
+    Call it only while no write is in progress, i.e. before this data dir's node starts. Returns the
+    names removed. Loading never reads these files, so they only take space.
+    """
+    if not directory.is_dir():
+        return []
+    removed = []
+    for name in sorted(os.listdir(directory)):
+        if _UNFINISHED.match(name):
+            (directory / name).unlink(missing_ok=True)
+            removed.append(name)
+    return removed
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:

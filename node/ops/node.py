@@ -24,7 +24,13 @@ import torch
 
 from murmur.node.averaging.factory import build_averager
 from murmur.node.averaging.outcome import Outcome, Result
-from murmur.node.learn.checkpoint import load_latest, save_checkpoint
+from murmur.node.learn.checkpoint import (
+    CheckpointWriteFailed,
+    load_latest,
+    newest_first,
+    remove_unfinished,
+    save_checkpoint,
+)
 from murmur.node.learn.deltas import Compression, compression_for
 from murmur.node.learn.device import describe, resolve_device
 from murmur.node.learn.loop import Evaluation, TrainingLoop, TrainStats, train
@@ -142,6 +148,7 @@ class Node:
         self.dashboard = DashboardState(self.metrics.registry)
         self.tracking = Tracking([])  # `run` opens the configured writers (`--tensorboard`, `--wandb`)
         self.history = SwarmHistory()
+        self._failing_writes: set[str] = set()  # data dir files whose last write failed (`_write_or_warn`)
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.resumed_from = self._restore()
         self._metrics_path = config.data_dir / METRICS_FILE
@@ -179,6 +186,7 @@ class Node:
         hands its unmerged work to a partner (one exchange, bounded by the exchange timeout),
         tells its neighbours it is leaving and checkpoints; after a plain cancellation
         the goodbye is best effort (the host is going away too), bounded by 3 s.
+        Raises `CheckpointWriteFailed` once stopped if that last checkpoint could not be written.
         """
         cfg = self.config
         self.transport.set_handler(PEERS_PROTOCOL, self.membership.serve)
@@ -193,6 +201,7 @@ class Node:
             if cfg.addr_file:
                 _write_atomic(cfg.addr_file, "".join(a + "\n" for a in listening + announced))
             task_status.started(addrs)
+            exit_checkpoint_failed: CheckpointWriteFailed | None = None
             try:
                 with self._serve_scope:
                     async with anyio.create_task_group() as tg:
@@ -208,10 +217,16 @@ class Node:
                     await self.membership.announce_leaving()
                 if self.checkpoint_on_exit:
                     with anyio.CancelScope(shield=True):
-                        await self.save_checkpoint()
+                        try:
+                            await self.save_checkpoint()
+                        except CheckpointWriteFailed as exc:
+                            exit_checkpoint_failed = exc
                 final = self.write_status()
                 self.tracking.record(final)  # the last point, flushed as `_tracking` closes the writers
                 log.info("%s", exit_summary(final))
+            # Raised after the goodbye and the summary: only the last checkpoint is lost.
+            if exit_checkpoint_failed is not None:
+                raise exit_checkpoint_failed
 
     async def _parting_merge(self) -> None:
         """One last exchange, if this peer trained since its last merge: a peer that leaves takes none of its work with it."""
@@ -259,12 +274,14 @@ class Node:
         # Stamped when the model was copied: an evaluation on a busy machine may finish much later.
         record = {"t": evaluation.t, "samples": evaluation.samples, "work": evaluation.work, **evaluation.metrics,
                   "exchanges": self.averager.outcomes[Result.MERGED]}
-        with self._metrics_path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        self._write_or_warn(METRICS_FILE, functools.partial(_append_line, self._metrics_path, json.dumps(record)))
         self.on_evaluation(evaluation)
 
     def _restore(self) -> Path | None:
-        found = load_latest(self.config.data_dir / CHECKPOINT_DIR)
+        directory = self.config.data_dir / CHECKPOINT_DIR
+        for name in remove_unfinished(directory):  # this node is the data dir's one writer, and it has not started
+            log.info("removed %s: an unfinished checkpoint write (the node was stopped mid-write)", name)
+        found = load_latest(directory)
         if found is None:
             return None
         state, path = found
@@ -280,13 +297,28 @@ class Node:
         return path
 
     async def save_checkpoint(self) -> Path:
+        """Checkpoint the model now; raises `CheckpointWriteFailed` (the earlier checkpoints kept) if it cannot be written."""
         state = await anyio.to_thread.run_sync(self.replica.checkpoint_state)
         return await anyio.to_thread.run_sync(save_checkpoint, self.config.data_dir / CHECKPOINT_DIR, state)
 
     async def _checkpoint_periodically(self) -> None:
+        """Checkpoint every `checkpoint_every` seconds; a failed write (a full disk) is logged and training goes on."""
+        failing: str | None = None
         while True:
             await anyio.sleep(self.config.checkpoint_every)
-            await self.save_checkpoint()
+            try:
+                await self.save_checkpoint()
+            except CheckpointWriteFailed as exc:
+                # Once per kind of failure, not every period: the line says it all until the disk is freed.
+                if str(exc) != failing:
+                    kept = newest_first(self.config.data_dir / CHECKPOINT_DIR)
+                    log.warning("checkpoint failed: %s; training goes on, %s", exc,
+                                f"{kept[0].name} is kept" if kept else "with no checkpoint yet")  # fmt: skip
+                failing = str(exc)
+            else:
+                if failing is not None:
+                    log.info("checkpoints are written again")
+                failing = None
 
     async def _log_progress(self) -> None:
         """Log `progress_line` every `progress_every` seconds of training (never if 0)."""
@@ -392,10 +424,26 @@ class Node:
         )  # fmt: skip
 
     def write_status(self) -> NodeStatus:
-        """Write `status()` to the data dir's status.json (atomically) and return it."""
+        """Write `status()` to the data dir's status.json (atomically) and return it.
+
+        A write that fails (a full disk) is logged, once until one succeeds again, and skipped: the node runs on.
+        """
         status = self.status()
-        _write_atomic(self.config.data_dir / STATUS_FILE, status.to_json())
+        self._write_or_warn(STATUS_FILE, functools.partial(_write_atomic, self.config.data_dir / STATUS_FILE, status.to_json()))
         return status
+
+    def _write_or_warn(self, name: str, write: Callable[[], None]) -> None:
+        """Run `write` (of the data dir's file `name`); an OSError is logged once until `write` succeeds again."""
+        try:
+            write()
+        except OSError as exc:
+            if name not in self._failing_writes:
+                log.warning("cannot write %s: %s; the node runs on without it", name, exc.strerror or exc)
+                self._failing_writes.add(name)
+        else:
+            if name in self._failing_writes:
+                log.info("%s is written again", name)
+                self._failing_writes.discard(name)
 
 
 def _print_now(line: str) -> None:
@@ -408,5 +456,14 @@ def _finite_or_none(value: float | None) -> float | None:
 
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk gets the space back
+        raise
+
+
+def _append_line(path: Path, line: str) -> None:
+    with path.open("a") as f:
+        f.write(line + "\n")

@@ -121,7 +121,7 @@ def cmd_run(args: argparse.Namespace, around: Around | None = None) -> int:
         gc.freeze()
         try:
             node = anyio.run(_run_until_signal, config, key_pair, Pacing(emulation.slowdown), around, received, lock, backend="trio")
-        except* _start_errors() as group:  # a taken port, an unknown task: one line, not a traceback
+        except* _start_errors() as group:  # a taken port, an unknown task, a full disk: one line, not a traceback
             error = _first_leaf(group)
     if error is not None:
         print(f"murmur run: error: {_with_fix(error)}", file=sys.stderr)
@@ -132,13 +132,15 @@ def cmd_run(args: argparse.Namespace, around: Around | None = None) -> int:
 
 
 def _start_errors() -> tuple[type[Exception], ...]:
+    from murmur.node.learn.checkpoint import CheckpointWriteFailed
     from murmur.node.learn.tasks import UnknownTask
     from murmur.node.net.transport import CannotListen
     from murmur.node.ops.data_dir import DataDirError
     from murmur.node.ops.metrics import MetricsUnavailable
     from murmur.node.ops.tracking import TrackingUnavailable
 
-    return MetricsUnavailable, CannotListen, DataDirError, UnknownTask, TrackingUnavailable
+    # CheckpointWriteFailed: the checkpoint on exit (a full disk); the node stopped cleanly otherwise.
+    return MetricsUnavailable, CannotListen, DataDirError, UnknownTask, TrackingUnavailable, CheckpointWriteFailed
 
 
 def _is_setting_error(error: BaseException) -> bool:
@@ -187,7 +189,9 @@ def main(argv: list[str], around: Around | None = None) -> int:
 
     A bad setting exits 2 with one line naming it (as argparse does); an unusable device, an
     unloadable task or a tracker whose package is missing (`--tensorboard`, `--wandb`) returns 2;
-    a data dir that another node holds or that cannot be written, and a listen or metrics port that cannot be opened, return 1; each with one line on stderr. A
+    a data dir that another node holds or that cannot be written, a listen or metrics port that
+    cannot be opened, and a checkpoint on exit that cannot be written (a full disk), return 1;
+    each with one line on stderr. A
     `--duration` run given bootstrap peers that never merged with one returns 3 (`EXIT_NEVER_JOINED`).
     A run stopped by SIGINT (Ctrl-C) returns 130 once it stopped gracefully, as shells expect. `around(node)`, if
     given, is entered once the node is built, before it runs, and exited after it stopped;
