@@ -27,7 +27,7 @@ from lab.swarm import (
     wait_for_address,
 )
 from murmur.node.learn.checkpoint import load_latest, newest_first, read_checkpoint
-from murmur.node.ops.node import CHECKPOINT_DIR
+from murmur.node.ops.checkpoints import CHECKPOINT_DIR
 
 pytestmark = pytest.mark.slow
 

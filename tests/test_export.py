@@ -12,9 +12,9 @@ from safetensors import safe_open
 
 from murmur.node.cli import main
 from murmur.node.learn.checkpoint import save_checkpoint
+from murmur.node.ops.checkpoints import CHECKPOINT_DIR
 from murmur.node.ops.export import TIED_KEY, ExportError, hf_config, load, newest_model, save
 from murmur.node.ops.hf_config import HF_CONFIG, write_hf_config
-from murmur.node.ops.node import CHECKPOINT_DIR
 
 
 class TiedLM(torch.nn.Module):

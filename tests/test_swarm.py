@@ -150,7 +150,7 @@ def test_swarm_with_the_outer_rule_and_merged_optimizer_state_learns_over_libp2p
     import torch
 
     from murmur.node.learn.checkpoint import load_latest
-    from murmur.node.ops.node import CHECKPOINT_DIR
+    from murmur.node.ops.checkpoints import CHECKPOINT_DIR
 
     for peer in peers:
         assert "Traceback" not in (peer.data_dir / "log.txt").read_text()
@@ -175,7 +175,7 @@ def test_a_swarm_gossiping_strongly_compressed_deltas_learns_over_libp2p(tmp_pat
         codes = stop_swarm(peers)
     assert codes == [0, 0, 0]
     from murmur.node.learn.checkpoint import load_latest
-    from murmur.node.ops.node import CHECKPOINT_DIR
+    from murmur.node.ops.checkpoints import CHECKPOINT_DIR
 
     for peer, status in zip(peers, statuses, strict=True):
         assert "Traceback" not in (peer.data_dir / "log.txt").read_text()

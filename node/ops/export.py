@@ -28,8 +28,8 @@ from safetensors.torch import save as serialize
 
 from murmur.node.learn.checkpoint import CorruptCheckpoint, newest_first, read_checkpoint
 from murmur.node.learn.tensors import untie
+from murmur.node.ops.checkpoints import CHECKPOINT_DIR
 from murmur.node.ops.hf_config import HF_CONFIG
-from murmur.node.ops.node import CHECKPOINT_DIR
 
 WEIGHTS = ("average", "live")
 FORMATS = ("auto", "safetensors", "hf")

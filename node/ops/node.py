@@ -24,13 +24,7 @@ import torch
 
 from murmur.node.averaging.factory import build_averager
 from murmur.node.averaging.outcome import Outcome, Result
-from murmur.node.learn.checkpoint import (
-    CheckpointWriteFailed,
-    load_latest,
-    newest_first,
-    remove_unfinished,
-    save_checkpoint,
-)
+from murmur.node.learn.checkpoint import CheckpointWriteFailed
 from murmur.node.learn.deltas import Compression, compression_for
 from murmur.node.learn.device import describe, resolve_device
 from murmur.node.learn.loop import Evaluation, TrainingLoop, TrainStats, train
@@ -38,12 +32,12 @@ from murmur.node.learn.replica import Replica
 from murmur.node.learn.rules import MergeRule, make_rule
 from murmur.node.learn.step import Pacing
 from murmur.node.learn.tasks import load_task
-from murmur.node.learn.user_loop import ModelMismatch
 from murmur.node.net.membership import PEERS_PROTOCOL, Membership
 from murmur.node.net.partners import PARTNER_CHOICES
 from murmur.node.net.peers import PeerTable
 from murmur.node.net.security import BanList
 from murmur.node.net.transport import Transport
+from murmur.node.ops.checkpoints import Checkpoints
 from murmur.node.ops.config import NodeConfig
 from murmur.node.ops.dashboard import (
     DashboardState,
@@ -64,7 +58,6 @@ from murmur.protocol.messages import PeerSummary
 log = logging.getLogger("murmur.node")
 STATUS_INTERVAL = 1.0  # seconds between status.json writes (and metrics updates)
 METRICS_FILE = "metrics.jsonl"
-CHECKPOINT_DIR = "checkpoints"
 BANS_FILE = "bans.json"
 # A resumed node adopts a peer's model (state sync) only if it carries at least this many times its own work.
 CATCH_UP_RATIO = 1.0
@@ -150,7 +143,8 @@ class Node:
         self.history = SwarmHistory()
         self._failing_writes: set[str] = set()  # data dir files whose last write failed (`_write_or_warn`)
         config.data_dir.mkdir(parents=True, exist_ok=True)
-        self.resumed_from = self._restore()
+        self.checkpoints = Checkpoints(config.data_dir, self.replica, config.checkpoint_every, users_model=self.loop is None)
+        self.resumed_from = self.checkpoints.restore()
         self._metrics_path = config.data_dir / METRICS_FILE
         self._metrics_path.unlink(missing_ok=True)
         self.data_dir_lock: DataDirLock | None = None  # released when `run` returns (`build_node` sets it)
@@ -218,7 +212,7 @@ class Node:
                 if self.checkpoint_on_exit:
                     with anyio.CancelScope(shield=True):
                         try:
-                            await self.save_checkpoint()
+                            await self.checkpoints.save()
                         except CheckpointWriteFailed as exc:
                             exit_checkpoint_failed = exc
                 final = self.write_status()
@@ -250,7 +244,7 @@ class Node:
             tg.start_soon(self.membership.run, cfg.bootstrap, cfg.gossip_every)
             tg.start_soon(functools.partial(self.averager.run, cfg.average_every, max_share=cfg.exchange_share,
                                             share_of=cfg.exchange_share_of))
-            tg.start_soon(self._checkpoint_periodically)
+            tg.start_soon(self.checkpoints.save_periodically)
             if self.start_gate is not None:
                 self._set_phase("waiting")
                 await self.start_gate()
@@ -276,49 +270,6 @@ class Node:
                   "exchanges": self.averager.outcomes[Result.MERGED]}
         self._write_or_warn(METRICS_FILE, functools.partial(_append_line, self._metrics_path, json.dumps(record)))
         self.on_evaluation(evaluation)
-
-    def _restore(self) -> Path | None:
-        directory = self.config.data_dir / CHECKPOINT_DIR
-        for name in remove_unfinished(directory):  # this node is the data dir's one writer, and it has not started
-            log.info("removed %s: an unfinished checkpoint write (the node was stopped mid-write)", name)
-        found = load_latest(directory)
-        if found is None:
-            return None
-        state, path = found
-        try:
-            self.replica.restore(state)
-        except (ValueError, KeyError, RuntimeError) as exc:
-            if self.loop is None:  # the user's model: keep their checkpoint rather than overwrite it
-                raise ModelMismatch(f"the checkpoint {path} is not this model's: {exc}; "
-                                    "move it aside or use another data_dir") from exc
-            log.warning("not resuming from %s: %s", path, exc)
-            return None
-        log.info("resumed from %s (work %.0f, %d samples)", path.name, self.replica.work, self.replica.samples)
-        return path
-
-    async def save_checkpoint(self) -> Path:
-        """Checkpoint the model now; raises `CheckpointWriteFailed` (the earlier checkpoints kept) if it cannot be written."""
-        state = await anyio.to_thread.run_sync(self.replica.checkpoint_state)
-        return await anyio.to_thread.run_sync(save_checkpoint, self.config.data_dir / CHECKPOINT_DIR, state)
-
-    async def _checkpoint_periodically(self) -> None:
-        """Checkpoint every `checkpoint_every` seconds; a failed write (a full disk) is logged and training goes on."""
-        failing: str | None = None
-        while True:
-            await anyio.sleep(self.config.checkpoint_every)
-            try:
-                await self.save_checkpoint()
-            except CheckpointWriteFailed as exc:
-                # Once per kind of failure, not every period: the line says it all until the disk is freed.
-                if str(exc) != failing:
-                    kept = newest_first(self.config.data_dir / CHECKPOINT_DIR)
-                    log.warning("checkpoint failed: %s; training goes on, %s", exc,
-                                f"{kept[0].name} is kept" if kept else "with no checkpoint yet")  # fmt: skip
-                failing = str(exc)
-            else:
-                if failing is not None:
-                    log.info("checkpoints are written again")
-                failing = None
 
     async def _log_progress(self) -> None:
         """Log `progress_line` every `progress_every` seconds of training (never if 0)."""
