@@ -56,36 +56,22 @@ def test_the_plain_loop_on_two_machines() -> None:
 
 
 @pytest.mark.slow
-def test_the_hf_trainer_with_two_peers(tmp_path: Path) -> None:
-    pytest.importorskip("transformers")
+@pytest.mark.parametrize(
+    ("script", "package", "step_samples"),
+    [("hf_trainer.py", "transformers", 16), ("lightning_trainer.py", "lightning", 64)],  # samples per optimizer step
+)
+def test_a_trainer_example_with_two_peers(tmp_path: Path, script: str, package: str, step_samples: int) -> None:
+    pytest.importorskip(package)
     # The first peer's identity and port are fixed beforehand, so both start at once.
     peer_a = peer_id_of(load_or_create_identity(tmp_path / "a"))
     listen_a = f"/ip4/127.0.0.1/tcp/{free_port()}"
     # The first trains until the second is done, then gets a SIGTERM: the two always overlap, however slow the start.
-    first = launch("hf_trainer.py", tmp_path / "a", "--listen", listen_a, "--steps", "100000")
-    second = launch("hf_trainer.py", tmp_path / "b", "--bootstrap", f"{listen_a}/p2p/{peer_a}", "--steps", "400", "--seed", "1")
+    first = launch(script, tmp_path / "a", "--listen", listen_a, "--steps", "100000")
+    second = launch(script, tmp_path / "b", "--bootstrap", f"{listen_a}/p2p/{peer_a}", "--steps", "400", "--seed", "1")
     try:
         own_b, swarm_b, merged_b = finish(second, 120)
     finally:
         first.send_signal(signal.SIGTERM)
         own_a, swarm_a, merged_a = finish(first, 60)
-    assert own_b == 400 * 16 and own_a > 0 and own_a % 16 == 0
-    assert merged_a > 0 and merged_b > 0
-
-
-@pytest.mark.slow
-def test_the_lightning_trainer_with_two_peers(tmp_path: Path) -> None:
-    pytest.importorskip("lightning")
-    peer_a = peer_id_of(load_or_create_identity(tmp_path / "a"))
-    listen_a = f"/ip4/127.0.0.1/tcp/{free_port()}"
-    # The first trains until the second is done, then gets a SIGTERM (Lightning stops, the callback closes the peer).
-    first = launch("lightning_trainer.py", tmp_path / "a", "--listen", listen_a, "--steps", "100000")
-    second = launch("lightning_trainer.py", tmp_path / "b", "--bootstrap", f"{listen_a}/p2p/{peer_a}", "--steps", "400",
-                    "--seed", "1")  # fmt: skip
-    try:
-        own_b, swarm_b, merged_b = finish(second, 120)
-    finally:
-        first.send_signal(signal.SIGTERM)
-        own_a, swarm_a, merged_a = finish(first, 60)
-    assert own_b == 400 * 64 and own_a > 0 and own_a % 64 == 0  # 2 batches of 32 per optimizer step
+    assert own_b == 400 * step_samples and own_a > 0 and own_a % step_samples == 0
     assert merged_a > 0 and merged_b > 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,6 +15,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
+
+from on_thread import looping  # noqa: E402
 
 import murmur  # noqa: E402
 from murmur.hf import MurmurCallback  # noqa: E402
@@ -51,30 +52,17 @@ def trainer(tmp_path: Path, name: str, callback: MurmurCallback, steps: int, see
 @contextmanager
 def training_beside(peer: murmur.Peer, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[None]:
     """A plain training loop on another thread, stepping `peer`, for the duration of the block; its errors fail the test."""
-    stop, errors = threading.Event(), []
+    data = RandomTokens(1)
 
-    def train_loop() -> None:
-        try:
-            data = RandomTokens(1)
-            for step in range(20_000):  # bounded; stopped when the block ends
-                if stop.is_set():
-                    return
-                batch = {k: torch.stack([data[i][k] for i in range(step % 512 * 8, step % 512 * 8 + 8)]) for k in ("input_ids", "labels")}
-                model(**batch).loss.backward()
-                optimizer.step()
-                optimizer.zero_grad()
-                peer.step(samples=8)
-        except BaseException as exc:  # reported by the test thread
-            errors.append(exc)
+    def train_step(step: int) -> None:
+        batch = {k: torch.stack([data[i][k] for i in range(step % 512 * 8, step % 512 * 8 + 8)]) for k in ("input_ids", "labels")}
+        model(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        peer.step(samples=8)
 
-    thread = threading.Thread(target=train_loop, daemon=True)
-    thread.start()
-    try:
+    with looping(train_step, 20_000):
         yield
-    finally:
-        stop.set()
-        thread.join(60)
-    assert not thread.is_alive() and not errors, errors
 
 
 def test_a_bad_option_fails_before_training() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from on_thread import looping
 
 import murmur
 from murmur.node.learn.tasks import DigitsTask
@@ -51,26 +51,13 @@ def test_a_bad_argument_is_a_value_error(progress: float, options: dict, message
 def serving(peer: murmur.Peer) -> Iterator[None]:
     """`peer`'s loop stays alive without training (steps of no work) for the block, so the node can hand
     its model to a newcomer (a state sync runs between two of the owner's steps) while its work stays put."""
-    stop, errors = threading.Event(), []
 
-    def idle() -> None:
-        try:
-            for _ in range(60_000):  # bounded; stopped when the block ends
-                if stop.is_set():
-                    return
-                peer.step(samples=0)
-                time.sleep(0.002)
-        except BaseException as exc:  # reported by the test thread
-            errors.append(exc)
+    def idle(_: int) -> None:
+        peer.step(samples=0)
+        time.sleep(0.002)
 
-    thread = threading.Thread(target=idle, daemon=True)
-    thread.start()
-    try:
+    with looping(idle, 60_000, join_s=30):
         yield
-    finally:
-        stop.set()
-        thread.join(30)
-    assert not thread.is_alive() and not errors, errors
 
 
 def test_a_newcomer_resumes_the_swarms_schedule_instead_of_restarting_it(tmp_path: Path) -> None:
