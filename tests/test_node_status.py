@@ -116,7 +116,7 @@ def test_trio_tasks_counts_the_live_tasks_of_the_calling_trio_run() -> None:
         async with trio.open_nursery() as nursery:
             for _ in range(3):
                 nursery.start_soon(trio.sleep_forever)
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
             during = current_trio_tasks()
             nursery.cancel_scope.cancel()
         return before, during
