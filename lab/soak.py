@@ -171,9 +171,11 @@ class Soak:
         self.events.append({"t": round(self.now(), 1), "kind": kind, "process": process, "detail": detail})
         print(f"[{self.now():6.0f} s] {kind} {process} {detail}".rstrip(), flush=True)
 
-    def churnable(self) -> list[Life]:
-        """Live peers a churn may hit: not the long-lived ones, and (for a restart) with a checkpoint to resume."""
-        return [life for life in self.live() if life.index >= LONG_LIVED and _checkpoints(life.peer.data_dir)]
+    def churnable(self, action: str) -> list[Life]:
+        """Live peers `action` may hit: not the long-lived ones; for a SIGKILL, only those with a
+        checkpoint to resume from (a SIGTERM writes one on exit)."""
+        live = [life for life in self.live() if life.index >= LONG_LIVED]
+        return [life for life in live if _checkpoints(life.peer.data_dir)] if action == "sigkill" else live
 
     def churn(self, action: str) -> float | None:
         """Do `action`; return the run time at which to undo it (relay restart, heal), or None."""
@@ -191,9 +193,9 @@ class Soak:
             self.network.join_sides(False)
             self.event("partition", "", "link between the sides down")
             return self.now() + self.args.outage
-        candidates = self.churnable()
+        candidates = self.churnable(action)
         if not candidates:
-            self.event(f"{action}-skipped", "", "no churnable peer with a checkpoint yet")
+            self.event(f"{action}-skipped", "", "no churnable peer (with a checkpoint, for a SIGKILL)")
             return None
         victim = self.rng.choice(candidates)
         self.end(victim, "sigkill" if action == "sigkill" else "sigterm")
