@@ -172,9 +172,13 @@ class Soak:
         print(f"[{self.now():6.0f} s] {kind} {process} {detail}".rstrip(), flush=True)
 
     def churnable(self, action: str) -> list[Life]:
-        """Live peers `action` may hit: not the long-lived ones; for a SIGKILL, only those with a
+        """Live peers `action` may hit: training ones, not long-lived; for a SIGKILL, only those with a
         checkpoint to resume from (a SIGTERM writes one on exit)."""
-        live = [life for life in self.live() if life.index >= LONG_LIVED]
+        live = [
+            life
+            for life in self.live()
+            if life.index >= LONG_LIVED and life.observations and life.observations[-1][1] == "training"
+        ]
         return [life for life in live if _checkpoints(life.peer.data_dir)] if action == "sigkill" else live
 
     def churn(self, action: str) -> float | None:
@@ -283,7 +287,7 @@ class Soak:
             if undo_at is not None and self.now() >= undo_at:
                 self.undo(undo_action)
                 undo_at = None
-            if now >= next_churn and undo_at is None and now + self.args.outage + 10 < end:
+            if now >= next_churn and undo_at is None and now + self.args.outage + 2 * POLL_S < end:
                 undo_action = ACTIONS[turn % len(ACTIONS)]
                 undo_at = self.churn(undo_action)
                 turn += 1
