@@ -261,8 +261,8 @@ class Soak:
         self.swarm.append(
             {"t": round(self.now(), 1), "median_loss": median, "merges": merges, "live": len(self.live())}
         )
-        print(f"[{self.now():6.0f} s] {len(self.live())} live, median loss {median if median is not None else float('nan'):.3f}, "
-              f"{merges} merges", flush=True)  # fmt: skip
+        shown = median if median is not None else float("nan")
+        print(f"[{self.now():6.0f} s] {len(self.live())} live, median loss {shown:.3f}, {merges} merges", flush=True)
 
     # -- the run ----------------------------------------------------------------------------------------
 
@@ -316,8 +316,8 @@ class Soak:
                     "long-lived" if life.index < LONG_LIVED else "churned",
         } for life in self.lives]  # fmt: skip
         config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(self.args).items()}
-        return {"config": config, "interrupted": interrupted, "processes": processes, "restarts": restarts,
-                "events": self.events, "samples": self.samples, "swarm": self.swarm,
+        return {"config": config, "interrupted": interrupted, "elapsed_s": round(self.now(), 1),
+                "processes": processes, "restarts": restarts, "events": self.events, "samples": self.samples, "swarm": self.swarm,
                 "leftover_pids": [life.peer.process.pid for life in self.lives if life.peer.alive()]}  # fmt: skip
 
 

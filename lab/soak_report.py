@@ -200,12 +200,12 @@ def summary_lines(results: dict, checks: dict[str, dict]) -> list[str]:
     events: dict[str, int] = {}
     for e in results["events"]:
         events[e["kind"]] = events.get(e["kind"], 0) + 1
-    head = (f"soak: {results['config']['duration']:g} s, {len(results['processes'])} processes, "
+    head = (f"soak: {results.get('elapsed_s', results['config']['duration']):g} s, {len(results['processes'])} processes, "
             f"events {', '.join(f'{k} {n}' for k, n in sorted(events.items())) or 'none'}")  # fmt: skip
     swarm = results["swarm"]
     if swarm:
-        first = next((p for p in swarm if p["median_loss"] is not None), None)
-        head += f"; median loss {first['median_loss'] if first else float('nan'):.3f} -> {swarm[-1]['median_loss'] or float('nan'):.3f}"
+        losses = [p["median_loss"] for p in swarm if p["median_loss"] is not None] or [float("nan")]
+        head += f"; median loss {losses[0]:.3f} -> {losses[-1]:.3f}"
         head += f", {swarm[-1]['merges']} merges (every process's count, as last sampled)"
     lines = [head]
     for target, verdict in checks.items():
@@ -214,7 +214,8 @@ def summary_lines(results: dict, checks: dict[str, dict]) -> list[str]:
 
 
 def plot(results: dict, path: Path) -> None:
-    """Per-process RSS, fds, threads, Trio tasks and checkpoint size, and the swarm's loss and merges, over run time; events as lines."""
+    """Per-process RSS, fds, threads, Trio tasks and checkpoint size, and the swarm's loss and merges,
+    over run time, with the churn events as vertical lines."""
     import matplotlib
 
     matplotlib.use("Agg")
