@@ -27,10 +27,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import random
 import signal
-import socket
 import statistics
 import sys
 import time
@@ -39,6 +37,7 @@ from pathlib import Path
 
 from lab import soak_report
 from lab.netns import Netns, Network, netns_unavailable_reason
+from lab.soak_probe import checkpoint_stats, checkpoints, free_port, process_stats
 from lab.swarm import LOG_FILE, Peer, kill_peer, start_peer, stop_processes, stop_swarm, wait_for_address
 
 ACTIONS = ("sigterm", "sigkill", "newcomer", "relay-kill", "partition")
@@ -91,7 +90,7 @@ class Soak:
         self.samples: list[dict] = []
         self.swarm: list[dict] = []
         self.hosts: dict[int, Netns] = {}
-        self.relay_port = PORT if network else _free_port()
+        self.relay_port = PORT if network else free_port()
         self.next_index = 0
         self.merges: dict[
             str, int
@@ -179,7 +178,7 @@ class Soak:
             for life in self.live()
             if life.index >= LONG_LIVED and life.observations and life.observations[-1][1] == "training"
         ]
-        return [life for life in live if _checkpoints(life.peer.data_dir)] if action == "sigkill" else live
+        return [life for life in live if checkpoints(life.peer.data_dir)] if action == "sigkill" else live
 
     def churn(self, action: str) -> float | None:
         """Do `action`; return the run time at which to undo it (relay restart, heal), or None."""
@@ -209,7 +208,7 @@ class Soak:
             self.next_index += 1
             self.event("newcomer", fresh.name, "fresh identity and data dir")
         else:
-            kept = [p.name for p in _checkpoints(victim.peer.data_dir)]
+            kept = [p.name for p in checkpoints(victim.peer.data_dir)]
             again = self.start(victim.index, restart_of=victim)
             self.event(action, victim.name, f"restarted as {again.name}; checkpoints {', '.join(kept[-2:])}")
         return None
@@ -246,7 +245,7 @@ class Soak:
         losses = []
         for life in self.live():
             row = {"t": round(self.now(), 1), "process": life.name, "age_s": round(self.now() - life.started, 1),
-                   **_proc_stats(life.peer.process.pid), **_checkpoint_stats(life.peer.data_dir)}  # fmt: skip
+                   **process_stats(life.peer.process.pid), **checkpoint_stats(life.peer.data_dir)}  # fmt: skip
             status = life.peer.status()
             if status is not None and status.pid == life.peer.process.pid:
                 loss = status.eval.get("loss")
@@ -319,36 +318,6 @@ class Soak:
         return {"config": config, "interrupted": interrupted, "elapsed_s": round(self.now(), 1),
                 "processes": processes, "restarts": restarts, "events": self.events, "samples": self.samples, "swarm": self.swarm,
                 "leftover_pids": [life.peer.process.pid for life in self.lives if life.peer.alive()]}  # fmt: skip
-
-
-def _free_port() -> int:
-    """A TCP port free on 127.0.0.1 now: the relay's, fixed so that it comes back on it after a kill."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _proc_stats(pid: int) -> dict:
-    """RSS, threads and open fds of a live process from /proc (empty for a process already gone)."""
-    try:
-        fields = dict(
-            line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
-        )
-        return {"rss_bytes": int(fields["VmRSS"].split()[0]) * 1024, "threads": int(fields["Threads"]),
-                "fds": len(os.listdir(f"/proc/{pid}/fd"))}  # fmt: skip
-    except (OSError, KeyError, ValueError):
-        return {}
-
-
-def _checkpoints(data_dir: Path) -> list[Path]:
-    return sorted((data_dir / "checkpoints").glob("checkpoint-*.pt"))
-
-
-def _checkpoint_stats(data_dir: Path) -> dict:
-    files = (
-        [p for p in (data_dir / "checkpoints").glob("*") if p.is_file()] if (data_dir / "checkpoints").is_dir() else []
-    )
-    return {"checkpoint_bytes": sum(p.stat().st_size for p in files if p.exists()), "checkpoint_files": len(files)}
 
 
 def _interrupt(signum: int, frame: object) -> None:
