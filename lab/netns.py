@@ -167,15 +167,19 @@ class Network:
 
     # -- building ---------------------------------------------------------------------------------------
 
-    def host(self, label: str, behind: Nat | None = None, link_mbit: float | None = None) -> Netns:
+    def host(self, label: str, behind: Nat | None = None, link_mbit: float | None = None, side: int = 0) -> Netns:
         """A namespace on the public bridge, or on `behind`'s home segment, with a default route.
 
         `link_mbit` caps its uplink with a token bucket on both veth ends (so both directions).
+        `side=1` puts a public host on a second bridge of the same segment, joined to the first by
+        one link that `join_sides(False)` cuts (a partition) and `join_sides(True)` restores.
         """
+        if side not in (0, 1) or (side and behind is not None):
+            raise ValueError(f"side must be 0 or 1 (1 only for a public host), got {side!r}")
         ns = Netns(self, self._ns_name(label), "")
         self._add(ns)
         if behind is None:
-            ns.address = self._attach_public(ns, link_mbit)
+            ns.address = self._attach_public(ns, link_mbit, self._side_bridge(side))
         else:
             behind.hosts_behind += 1
             if behind.hosts_behind > 250:
@@ -238,13 +242,33 @@ class Network:
         _run("ip", "-n", ns_b, "link", "set", b, "up")
         return a, b
 
-    def _attach_public(self, ns: Netns, link_mbit: float | None) -> str:
+    def join_sides(self, joined: bool) -> None:
+        """Set the link between the two public bridges up (`joined`) or down: down, no packet crosses
+        between side 0 and side 1 (open connections stall as on a cut cable); each side still works."""
+        self._side_bridge(1)
+        self._in_bridge("ip", "link", "set", "trunk0", "up" if joined else "down")
+
+    def _side_bridge(self, side: int) -> str:
+        """The bridge of `side`; side 1's bridge (br1) and its link to br0 are made on first use."""
+        if side == 0:
+            return "br0"
+        listing = _run("ip", "-n", self.bridge_ns, "link", "show", "br1", check=False)
+        if listing.returncode != 0:
+            self._in_bridge("ip", "link", "add", "br1", "type", "bridge")
+            self._in_bridge("ip", "link", "add", "trunk0", "type", "veth", "peer", "name", "trunk1")
+            for bridge, end in (("br0", "trunk0"), ("br1", "trunk1")):
+                self._in_bridge("ip", "link", "set", end, "master", bridge)
+                self._in_bridge("ip", "link", "set", end, "up")
+            self._in_bridge("ip", "link", "set", "br1", "up")
+        return "br1"
+
+    def _attach_public(self, ns: Netns, link_mbit: float | None, bridge: str = "br0") -> str:
         address = f"10.{self.octet}.0.{self._next_host}"
         self._next_host += 1
         if self._next_host > 250:
             raise NetnsError("public segment is full (250 hosts)")
         inner, outer = self._veth(ns.name, self.bridge_ns, name_a="eth0")
-        self._in_bridge("ip", "link", "set", outer, "master", "br0")
+        self._in_bridge("ip", "link", "set", outer, "master", bridge)
         _run("ip", "-n", ns.name, "addr", "add", f"{address}/24", "dev", "eth0")
         self._cap(ns.name, "eth0", self.bridge_ns, outer, link_mbit)
         return address

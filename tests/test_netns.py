@@ -155,3 +155,24 @@ def test_tcp_hole_punch_passes_plain_nat_but_not_port_randomising_nat(random_ful
         pb = b.popen([sys.executable, "-c", PUNCH, "4002", nat1.address, "4001"], stdout=subprocess.PIPE, text=True)
         outs = [p.communicate(timeout=30)[0].strip() for p in (pa, pb)]
         assert outs == [expected, expected], (outs, time.monotonic() - started)
+
+
+def test_cutting_the_link_between_sides_partitions_them_and_restoring_it_heals():
+    with Network(prefix="tn") as net:
+        a, b, c = net.host("a"), net.host("b"), net.host("c", side=1)
+
+        def reaches(src, dst) -> bool:
+            server = _serve(dst)
+            try:
+                return _connect(src, dst.address).stdout.strip() == src.address
+            finally:
+                server.kill()
+                server.wait()
+
+        assert reaches(a, c)
+        net.join_sides(False)
+        assert reaches(a, b) and not reaches(a, c) and not reaches(c, a)
+        net.join_sides(True)
+        assert reaches(a, c)
+        with pytest.raises(ValueError, match="side"):
+            net.host("d", side=2)

@@ -10,7 +10,7 @@ import pytest
 from status_example import EXAMPLE, example_status
 
 from murmur.node.averaging.outcome import Result
-from murmur.node.ops.node_status import NetworkStatus, NodeStatus, NotAStatus
+from murmur.node.ops.node_status import NetworkStatus, NodeStatus, NotAStatus, current_trio_tasks
 
 # Keys that `murmur status`, its --health check, the lab and scripts read from status.json.
 INTERFACE_KEYS = {
@@ -19,6 +19,7 @@ INTERFACE_KEYS = {
     "eval_fraction", "pid", "status_interval", "bytes_in", "bytes_out", "partner_distance", "metrics_url",
     "dashboard_url", "reachability", "reachability_reason", "connections", "relayed_via", "relays", "hole_punched",
     "relayed_bytes", "joined", "alone_reason", "bootstrap", "bytes_per_merge", "model_bytes",
+    "trio_tasks",
 }  # fmt: skip
 
 
@@ -105,3 +106,28 @@ def test_a_status_from_before_joined_was_written_reads_as_joined() -> None:
     assert status.joined and status.alone_reason is None
     alone = dataclasses.replace(EXAMPLE, joined=False, alone_reason="127.0.0.1:1: unreachable: connection refused")
     assert NodeStatus.from_json(alone.to_json()) == alone
+
+
+def test_trio_tasks_counts_the_live_tasks_of_the_calling_trio_run() -> None:
+    import trio
+
+    async def main() -> tuple[int | None, int | None]:
+        before = current_trio_tasks()
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(trio.sleep_forever)
+            await trio.lowlevel.checkpoint()
+            during = current_trio_tasks()
+            nursery.cancel_scope.cancel()
+        return before, during
+
+    before, during = trio.run(main)
+    assert before is not None and during == before + 3
+    assert current_trio_tasks() is None  # outside a Trio run
+
+
+def test_a_status_without_trio_tasks_reads_back_as_none() -> None:
+    doc = json.loads(EXAMPLE.to_json())
+    del doc["trio_tasks"]
+    assert NodeStatus.from_json(json.dumps(doc)).trio_tasks is None
+    assert NodeStatus.from_json(dataclasses.replace(EXAMPLE, trio_tasks=7).to_json()).trio_tasks == 7

@@ -84,6 +84,7 @@ class NodeStatus:
     bootstrap: Mapping[str, str] = field(default_factory=dict)  # bootstrap address -> its last greeting's outcome
     bytes_per_merge: float | None = None  # parameter bytes sent per recent merged exchange
     model_bytes: int = 0  # the exchanged tensors' size in float32: what a merge sends uncompressed (0: not stated)
+    trio_tasks: int | None = None  # tasks alive in the node's Trio run (None: not stated, or not on Trio)
 
     def to_dict(self) -> dict[str, Any]:
         """The status.json document as a dict (`to_json`'s content); floats may be NaN."""
@@ -112,6 +113,16 @@ class NodeStatus:
         if "work" not in doc and "weight" in doc:
             doc = {**doc, "work": doc["weight"]}
         return dataclasses.replace(_read(cls, doc, skip=("network",)), network=_read(NetworkStatus, doc))
+
+
+def current_trio_tasks() -> int | None:
+    """How many tasks the calling thread's Trio run has alive now (a leak shows as growth); None outside a Trio run."""
+    import trio  # here: a status reader (a HEALTHCHECK) need not import it
+
+    try:
+        return trio.lowlevel.current_statistics().tasks_living
+    except RuntimeError:  # not inside trio.run: a user's thread, or another backend
+        return None
 
 
 def _plain(value: Any) -> Any:
