@@ -1,0 +1,217 @@
+"""The poisoning benchmark: a charlm swarm of 8 with 0–3 attackers, in one process and in event time.
+
+    python -m lab.poisoning --attacks data,alie,signflip,dissensus,freerider --attackers 1,2,3 \
+        --defences screening,scored --seeds 1 --out results/poisoning.json
+
+Every peer is a `lab.attacks.Peer` stepping at the same speed; every `--period` steps each
+starts an exchange with a random partner, and both sides vet the other's model with the
+node's own `Vetting` (claims, distance screening and, with `scored`, the merge's score on
+held batches) and strike offences into their own `BanList`, as `Averager` does. Honest
+loss is the median honest peer's held-out loss. The attack-free run has 8 honest peers;
+an attacked run compares with it at equal time (the same step) and at equal samples (the
+attack-free run at the step where its 8 peers had trained as many samples as the
+attacked run's honest ones).
+
+Defences: `screening` (today's default: claim caps and clipped distance screening),
+`scored` (screening, then merges scored on `--score-batches` held batches per `Trust`).
+The CPU the honest peers spent in exchanges (snapshots, vetting, merging), against training, is each
+run's `exchange_cpu_share`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from lab.attacks import ATTACKS, Alie, DataPoisoner, Dissensus, FreeRider, Offer, Peer, Replicated, SignFlipper, Swarm
+from murmur.node.learn.scoring import MergeScorer, Trust
+from murmur.node.learn.tasks import Task, load_task
+from murmur.node.learn.vetting import Vetting
+
+DEFENCES = ("screening", "scored")
+STEP_S = 0.025  # seconds one step stands for (charlm on one core): the clock claims and bans see
+SCORE_SHARD = 1 << 20  # held batches come from a stream no peer trains on
+
+
+def vetting(task: Task, defence: str, shard: int, score_batches: int = 1, score_windows: int = 32, tolerance: float = 0.01,
+            trust_ramp: float = 20.0, trust_floor: float = 0.25) -> Vetting:
+    """The node's vetting for one peer under `defence` (see the module docstring)."""
+    if defence not in DEFENCES:
+        raise ValueError(f"unknown defence {defence!r}; choose from {DEFENCES}")
+    rng = random.Random(shard)
+    if defence == "screening":
+        return Vetting(rng=rng)
+    stream = task.train_batches(SCORE_SHARD + shard)
+    batches = [(x[:score_windows], y[:score_windows]) for x, y in (next(stream) for _ in range(score_batches))]
+    scorer = MergeScorer(task.build_model(), task.loss, batches, tolerance=tolerance)
+    return Vetting(scorer=scorer, trust=Trust(ramp=trust_ramp, min_rate=trust_floor), rng=rng)
+
+
+def build(task: Task, attack: str | None, attackers: int, peers: int, seed: int, make_vetting) -> list[Peer]:
+    """`peers` peers, the last `attackers` of them running `attack`; peer i trains on shard 1000·seed + i."""
+    out: list[Peer] = []
+    for i in range(peers):
+        name, shard = f"peer-{i}", 1000 * seed + i
+        if attack is None or i < peers - attackers:
+            out.append(Replicated(name, task, shard, make_vetting(shard)))
+        elif attack == "data":
+            out.append(DataPoisoner(name, task, shard, make_vetting(shard)))
+        elif attack == "signflip":
+            out.append(SignFlipper(name, task, shard, make_vetting(shard)))
+        else:
+            spec = out[0].loop.replica.spec
+            initial = out[0].loop.replica.snapshot()
+            kind = {"alie": lambda: Alie(name, spec), "dissensus": lambda: Dissensus(name, spec),
+                    "freerider": lambda: FreeRider(name, initial.state)}[attack]
+            out.append(kind())
+    return out
+
+
+def exchange(a: Peer, b: Peer, swarm: Swarm, now: float) -> str:
+    """One exchange between `a` and `b`, as two averagers run it; returns how it ended."""
+    if (a.bans and a.bans.is_banned(b.name, now)) or (b.bans and b.bans.is_banned(a.name, now)):
+        return "banned"
+    offer_a, offer_b = a.offer(b, swarm), b.offer(a, swarm)
+    verdict_a, verdict_b = a.vet(b, offer_a, offer_b, now), b.vet(a, offer_b, offer_a, now)
+    merged = verdict_a.decision is not None and verdict_b.decision is not None
+    a.settle(offer_a, offer_b, verdict_a if merged else None)
+    b.settle(offer_b, offer_a, verdict_b if merged else None)
+    return "merged" if merged else "rejected"
+
+
+def run_swarm(task: Task, peers: list[Peer], steps: int, period: float, seed: int, evals: int) -> dict:
+    """Step every training peer `steps` times, exchanging every `period` steps; score the honest median `evals` times."""
+    swarm = Swarm(peers, {n: t.clone() for n, t in peers[0].loop.replica.snapshot().state.items()})
+    rng = random.Random(seed)
+    honest = [p for p in peers if p.honest]
+    grid = {round(steps * k / evals) for k in range(1, evals + 1)}
+    curve: list[dict] = []
+    outcomes: dict[str, int] = {}
+    train_cpu = exchange_cpu = 0.0
+    offset = {p.name: (i + 1) * period / len(peers) for i, p in enumerate(peers)}
+    next_merge = dict(offset)
+    for step in range(1, steps + 1):
+        for p in peers:
+            if p.loop is not None:
+                began = time.process_time()
+                p.loop.step()
+                if p.honest:
+                    train_cpu += time.process_time() - began
+        for p in peers:  # exchanges due by this step, in a fixed order
+            while next_merge[p.name] <= step:
+                next_merge[p.name] += period
+                partner = rng.choice([q for q in peers if q is not p])
+                began = time.process_time()
+                ended = exchange(p, partner, swarm, step * STEP_S)
+                exchange_cpu += (time.process_time() - began) * sum(q.honest for q in (p, partner)) / 2
+                outcomes[ended] = outcomes.get(ended, 0) + 1
+        if step in grid:
+            losses = [p.loop.evaluate().metrics[task.metric.name] for p in honest]
+            curve.append({"step": step, "honest_samples": step * task.batch_size * len(honest),
+                          "loss": statistics.median(losses)})
+    return {"curve": curve, "outcomes": outcomes, "exchange_cpu_share": exchange_cpu / max(train_cpu, 1e-9),
+            "refusals": refusals(peers)}
+
+
+def refusals(peers: list[Peer]) -> dict[str, dict]:
+    """How honest peers judged each partner kind: merges, refusals, bans, the first refusal's reason and scored changes."""
+    kinds = {p.name: ("honest" if p.honest else p.name) for p in peers}
+    out: dict[str, dict] = {}
+    for p in peers:
+        if not (p.honest and isinstance(p, Replicated)):
+            continue
+        for partner, verdict in p.verdicts:
+            row = out.setdefault(kinds[partner], {"merged": 0, "refused": 0, "reason": "", "banned_by": 0, "scored": []})
+            if verdict.decision is None:
+                row["refused"] += 1
+                row["reason"] = row["reason"] or verdict.reason
+            else:
+                row["merged"] += 1
+            if verdict.score is not None:
+                row["scored"].append(round(verdict.score.change, 4))
+    for name, row in out.items():
+        row["banned_by"] = sum(1 for p in peers if p.honest and p.bans and name in p.bans.banned_until)
+        changes = sorted(row.pop("scored"))
+        if changes:
+            row["scored_change_quartiles"] = [changes[len(changes) // 4], changes[len(changes) // 2], changes[3 * len(changes) // 4], changes[-1]]
+    return out
+
+
+def compare(attacked: dict, clean: dict, attackers: int, peers: int) -> dict:
+    """The attacked run's final honest loss against the attack-free run's at equal time and at equal samples."""
+    final = attacked["curve"][-1]
+    at_time = next(c for c in clean["curve"] if c["step"] == final["step"])
+    equal = [c for c in clean["curve"] if c["honest_samples"] <= final["honest_samples"]][-1]
+    return {"loss": final["loss"], "clean_equal_time": at_time["loss"], "clean_equal_samples": equal["loss"],
+            "ratio_equal_time": final["loss"] / at_time["loss"], "ratio_equal_samples": final["loss"] / equal["loss"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", default="charlm")
+    parser.add_argument("--peers", type=int, default=8)
+    parser.add_argument("--attacks", default=",".join(ATTACKS))
+    parser.add_argument("--attackers", default="1,2,3")
+    parser.add_argument("--defences", default="screening,scored")
+    parser.add_argument("--steps", type=int, default=160, help="steps per training peer")
+    parser.add_argument("--period", type=float, default=4.0, help="steps between a peer's exchanges")
+    parser.add_argument("--evals", type=int, default=8, help="honest evaluations per run, evenly spaced")
+    parser.add_argument("--score-batches", type=int, default=1)
+    parser.add_argument("--score-windows", type=int, default=32, help="windows per held batch (at most the task's batch)")
+    parser.add_argument("--tolerance", type=float, default=0.01, help="relative rise of the held loss a merge may cause")
+    parser.add_argument("--trust-ramp", type=float, default=20.0, help="passes after which a peer is scored half the time")
+    parser.add_argument("--trust-floor", type=float, default=0.25, help="the least share of a trusted peer's merges scored")
+    parser.add_argument("--seeds", default="0", help="comma-separated seeds")
+    parser.add_argument("--out", type=Path, default=Path("results/poisoning.json"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    task = load_task(args.task)
+    if args.evals % args.peers:
+        parser.error("--evals must be a multiple of --peers: equal samples falls on the attack-free run's grid")
+    rows = []
+    for seed in (int(s) for s in args.seeds.split(",")):
+        for defence in args.defences.split(","):
+            def make_vetting(shard: int, defence: str = defence) -> Vetting:
+                return vetting(task, defence, shard, args.score_batches, args.score_windows, args.tolerance, args.trust_ramp, args.trust_floor)
+
+            began = time.monotonic()
+            clean = run_swarm(task, build(task, None, 0, args.peers, seed, make_vetting), args.steps, args.period, seed, args.evals)
+            rows.append({"seed": seed, "defence": defence, "attack": "none", "attackers": 0, **clean,
+                         "final": clean["curve"][-1]["loss"], "wall_s": round(time.monotonic() - began, 1)})
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "curve"}), flush=True)
+            for attack in args.attacks.split(","):
+                for k in (int(a) for a in args.attackers.split(",")):
+                    began = time.monotonic()
+                    result = run_swarm(task, build(task, attack, k, args.peers, seed, make_vetting), args.steps,
+                                       args.period, seed, args.evals)
+                    rows.append({"seed": seed, "defence": defence, "attack": attack, "attackers": k, **result,
+                                 **compare(result, clean, k, args.peers), "wall_s": round(time.monotonic() - began, 1)})
+                    print(json.dumps({k2: v for k2, v in rows[-1].items() if k2 != "curve"}), flush=True)
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
+    print_table(rows)
+    return 0
+
+
+def print_table(rows: list[dict]) -> None:
+    """Medians over seeds: honest loss against the attack-free run's, at equal samples and at equal time."""
+    print("\n| defence | attack | attackers | honest loss | ×clean, equal samples | ×clean, equal time | exchange CPU share |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    keys = sorted({(r["defence"], r["attack"], r["attackers"]) for r in rows}, key=lambda k: (k[0], k[1] != "none", k[1], k[2]))
+    for defence, attack, k in keys:
+        mine = [r for r in rows if (r["defence"], r["attack"], r["attackers"]) == (defence, attack, k)]
+        med = lambda key: statistics.median(r[key] for r in mine)  # noqa: E731
+        loss = med("final") if attack == "none" else med("loss")
+        ratios = ("—", "—") if attack == "none" else (f"{med('ratio_equal_samples'):.3f}", f"{med('ratio_equal_time'):.3f}")
+        print(f"| {defence} | {attack} | {k} | {loss:.3f} | {ratios[0]} | {ratios[1]} | {med('exchange_cpu_share'):.1%} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""Scored merges: a partner's model is judged by the loss it adds or removes on data this peer holds.
+
+Distance screening (`screening.py`) cannot tell a poisoned model that stays inside the
+honest spread from an honest one. Scoring can: before merging, the merged model is
+scored on a few batches this peer never trains on, and a merge that raises their loss
+by more than a tolerance is refused, with the figure as its reason (Templar's Gauntlet
+scores contributions the same way, by the loss they remove on the validator's data).
+
+Scoring costs forward passes, so `Trust` decides which merges to score: every merge
+with a peer it has no record of, then, as the peer's merges keep passing, a share that
+falls slowly to `min_rate`. A failed score resets that peer's record, so a peer that
+behaves until trusted and then attacks is scored on every merge again at once.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from murmur.node.learn.tensors import ExchangedTensors, flat_update
+from murmur.protocol.codec import pieces
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Score:
+    """The loss of our model and of the merged one on the held batches, and the verdict.
+
+    `passed` is False when the merge would raise the loss by more than the tolerance;
+    `reason` says by how much either way.
+    """
+
+    local_loss: float
+    merged_loss: float
+    passed: bool
+    reason: str
+
+    @property
+    def change(self) -> float:
+        """The merge's relative change of the held batches' loss (negative: the merge helps)."""
+        return (self.merged_loss - self.local_loss) / max(abs(self.local_loss), 1e-12)
+
+
+@dataclass
+class Trust:
+    """Which partners' merges to score: all of a new peer's, fewer as its record of passes grows.
+
+    A peer with `n` passes since its last failure is scored with probability
+    max(`min_rate`, `ramp` / (`ramp` + `n`)): trust grows slowly and never to blind.
+    """
+
+    ramp: float = 20.0
+    min_rate: float = 0.25
+    passes: dict[str, int] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=dict)
+
+    def rate(self, peer_id: str) -> float:
+        """The probability that `peer_id`'s next merge is scored."""
+        return max(self.min_rate, self.ramp / (self.ramp + self.passes.get(peer_id, 0)))
+
+    def should_score(self, peer_id: str, rng: random.Random) -> bool:
+        return rng.random() < self.rate(peer_id)
+
+    def record(self, peer_id: str, passed: bool) -> None:
+        """Count a scored merge: a pass adds to the peer's record, a failure wipes it."""
+        if passed:
+            self.passes[peer_id] = self.passes.get(peer_id, 0) + 1
+        else:
+            self.passes[peer_id] = 0
+            self.failures[peer_id] = self.failures.get(peer_id, 0) + 1
+
+
+class MergeScorer:
+    """Scores merges on `batches` (data this peer holds and does not train on) with `loss`.
+
+    Keeps one scratch copy of `model` (same device) to load the models it scores into.
+    `tolerance` is the relative rise of the held loss a merge may cause and still pass.
+    """
+
+    def __init__(
+        self, model: nn.Module, loss: Callable[[nn.Module, Batch], torch.Tensor], batches: Sequence[Batch],
+        *, tolerance: float = 0.01,
+    ) -> None:
+        """Raises `ValueError` without batches or for a negative tolerance."""
+        if not batches:
+            raise ValueError("a scorer needs at least one held batch")
+        if tolerance < 0:
+            raise ValueError(f"tolerance must be at least 0, not {tolerance}")
+        self._scratch = copy.deepcopy(model)
+        self._scratch.eval()
+        self._tensors = ExchangedTensors(self._scratch)  # tied weights once: writing one name writes both
+        device = next(self._scratch.parameters()).device
+        self._batches = [(x.to(device), y.to(device)) for x, y in batches]
+        self._loss = loss
+        self.tolerance = tolerance
+
+    def held_loss(self, state: Mapping[str, torch.Tensor], remote: Mapping[str, torch.Tensor] | None = None,
+                  share: float = 0.0) -> float:
+        """The mean loss on the held batches of `state + share × (remote − state)` (`state` alone without `remote`).
+
+        Names outside the model (travelling optimizer state) are ignored.
+        """
+        with torch.no_grad():
+            for name, tensor in self._tensors.items():
+                with flat_update(tensor) as flat:
+                    if remote is None or share == 0.0:
+                        for elements, piece in pieces(state, name):
+                            flat[elements].copy_(piece)
+                    else:
+                        for (elements, mine), (_, theirs) in zip(pieces(state, name), pieces(remote, name), strict=True):
+                            flat[elements].copy_(mine + share * (theirs - mine))
+            return sum(float(self._loss(self._scratch, batch)) for batch in self._batches) / len(self._batches)
+
+    def score(self, local: Mapping[str, torch.Tensor], remote: Mapping[str, torch.Tensor], share: float) -> Score:
+        """Whether merging `share` of `remote` into `local` keeps the held loss within the tolerance."""
+        before = self.held_loss(local)
+        after = self.held_loss(local, remote, share)
+        change = (after - before) / max(abs(before), 1e-12)
+        if change > self.tolerance:
+            return Score(before, after, False, f"scored: merging the partner's model raises our held loss by {change:.1%}")
+        return Score(before, after, True, f"scored: held loss {'+' if change >= 0 else ''}{change:.1%}")
