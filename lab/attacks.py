@@ -91,11 +91,16 @@ class Swarm:
         self.initial = initial
 
     def honest_states(self) -> list[dict[str, torch.Tensor]]:
-        return [{n: t.detach().clone() for n, t in p.loop.replica.exchanged.items()} for p in self.peers
-                if p.honest and p.loop is not None]
+        return [
+            {n: t.detach().clone() for n, t in p.loop.replica.exchanged.items()}
+            for p in self.peers
+            if p.honest and p.loop is not None
+        ]
 
     def honest_work(self) -> float:
-        return sum(p.loop.replica.work for p in self.peers if p.honest and p.loop) / max(1, sum(p.honest for p in self.peers))
+        return sum(p.loop.replica.work for p in self.peers if p.honest and p.loop) / max(
+            1, sum(p.honest for p in self.peers)
+        )
 
 
 class Replicated(Peer):
@@ -116,8 +121,16 @@ class Replicated(Peer):
     def vet(self, partner: Peer, mine: Offer, theirs: Offer, now: float) -> Verdict:
         replica = self.loop.replica
         assert mine.snapshot is not None
-        verdict = self.vetting.vet(partner.name, replica.rule, mine.snapshot, theirs.state, theirs.work, None,
-                                   replica.samples / max(now, 1.0), now)
+        verdict = self.vetting.vet(
+            partner.name,
+            replica.rule,
+            mine.snapshot,
+            theirs.state,
+            theirs.work,
+            None,
+            replica.samples / max(now, 1.0),
+            now,
+        )
         for offence in verdict.offences:
             self.bans.strike(partner.name, offence, now)
         self.verdicts.append((partner.name, verdict))
@@ -125,7 +138,9 @@ class Replicated(Peer):
 
     def settle(self, mine: Offer, theirs: Offer, verdict: Verdict | None) -> None:
         if verdict is not None and verdict.decision is not None and mine.snapshot is not None:
-            self.loop.replica.merge(mine.snapshot, theirs.state, verdict.decision.remote_share, verdict.decision.work_after)
+            self.loop.replica.merge(
+                mine.snapshot, theirs.state, verdict.decision.remote_share, verdict.decision.work_after
+            )
 
 
 class DataPoisoner(Replicated):
@@ -214,3 +229,10 @@ def _copy(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def norm(state: Mapping[str, torch.Tensor]) -> float:
     return math.sqrt(sum(float(t.pow(2).sum()) for t in state.values()))
+
+
+def corrupted_charlm() -> CorruptedTask:
+    """`--task lab.attacks:corrupted_charlm`: charlm trained on corrupted targets, a data poisoner as a user runs one."""
+    from murmur.node.learn.tasks import load_task
+
+    return CorruptedTask(load_task("charlm"))

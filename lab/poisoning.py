@@ -13,7 +13,7 @@ attack-free run at the step where its 8 peers had trained as many samples as the
 attacked run's honest ones).
 
 Defences: `screening` (today's default: claim caps and clipped distance screening),
-`scored` (screening, then merges scored on `--score-batches` held batches per `Trust`).
+`scored` (screening, then merges scored on `--score-windows` held windows, those `Trust` picks).
 The CPU the honest peers spent in exchanges (snapshots, vetting, merging), against training, is each
 run's `exchange_cpu_share`.
 """
@@ -21,6 +21,7 @@ run's `exchange_cpu_share`.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import statistics
@@ -30,27 +31,32 @@ from pathlib import Path
 
 import torch
 
-from lab.attacks import ATTACKS, Alie, DataPoisoner, Dissensus, FreeRider, Offer, Peer, Replicated, SignFlipper, Swarm
-from murmur.node.learn.scoring import MergeScorer, Trust
+from lab.attacks import ATTACKS, Alie, DataPoisoner, Dissensus, FreeRider, Peer, Replicated, SignFlipper, Swarm
+from murmur.node.learn.scoring import HELD_SHARD, MergeScorer, Trust, held_batches
 from murmur.node.learn.tasks import Task, load_task
 from murmur.node.learn.vetting import Vetting
 
 DEFENCES = ("screening", "scored")
 STEP_S = 0.025  # seconds one step stands for (charlm on one core): the clock claims and bans see
-SCORE_SHARD = 1 << 20  # held batches come from a stream no peer trains on
 
 
-def vetting(task: Task, defence: str, shard: int, score_batches: int = 1, score_windows: int = 32, tolerance: float = 0.01,
-            trust_ramp: float = 20.0, trust_floor: float = 0.25) -> Vetting:
-    """The node's vetting for one peer under `defence` (see the module docstring)."""
+def vetting(
+    task: Task,
+    defence: str,
+    shard: int,
+    score_windows: int = 16,
+    tolerance: float = 0.01,
+    trust_ramp: float = Trust.ramp,
+    trust_floor: float = Trust.min_rate,
+) -> Vetting:
+    """The node's vetting for one peer under `defence`, built as `murmur run --score-windows` builds it."""
     if defence not in DEFENCES:
         raise ValueError(f"unknown defence {defence!r}; choose from {DEFENCES}")
     rng = random.Random(shard)
     if defence == "screening":
         return Vetting(rng=rng)
-    stream = task.train_batches(SCORE_SHARD + shard)
-    batches = [(x[:score_windows], y[:score_windows]) for x, y in (next(stream) for _ in range(score_batches))]
-    scorer = MergeScorer(task.build_model(), task.loss, batches, tolerance=tolerance)
+    held = held_batches(task.train_batches(HELD_SHARD + shard), score_windows)
+    scorer = MergeScorer(task.build_model(), task.loss, held, tolerance=tolerance)
     return Vetting(scorer=scorer, trust=Trust(ramp=trust_ramp, min_rate=trust_floor), rng=rng)
 
 
@@ -68,9 +74,14 @@ def build(task: Task, attack: str | None, attackers: int, peers: int, seed: int,
         else:
             spec = out[0].loop.replica.spec
             initial = out[0].loop.replica.snapshot()
-            kind = {"alie": lambda: Alie(name, spec), "dissensus": lambda: Dissensus(name, spec),
-                    "freerider": lambda: FreeRider(name, initial.state)}[attack]
-            out.append(kind())
+            if attack == "alie":
+                out.append(Alie(name, spec))
+            elif attack == "dissensus":
+                out.append(Dissensus(name, spec))
+            elif attack == "freerider":
+                out.append(FreeRider(name, initial.state))
+            else:
+                raise ValueError(f"unknown attack {attack!r}; choose from {ATTACKS}")
     return out
 
 
@@ -114,10 +125,19 @@ def run_swarm(task: Task, peers: list[Peer], steps: int, period: float, seed: in
                 outcomes[ended] = outcomes.get(ended, 0) + 1
         if step in grid:
             losses = [p.loop.evaluate().metrics[task.metric.name] for p in honest]
-            curve.append({"step": step, "honest_samples": step * task.batch_size * len(honest),
-                          "loss": statistics.median(losses)})
-    return {"curve": curve, "outcomes": outcomes, "exchange_cpu_share": exchange_cpu / max(train_cpu, 1e-9),
-            "refusals": refusals(peers)}
+            curve.append(
+                {
+                    "step": step,
+                    "honest_samples": step * task.batch_size * len(honest),
+                    "loss": statistics.median(losses),
+                }
+            )
+    return {
+        "curve": curve,
+        "outcomes": outcomes,
+        "exchange_cpu_share": exchange_cpu / max(train_cpu, 1e-9),
+        "refusals": refusals(peers),
+    }
 
 
 def refusals(peers: list[Peer]) -> dict[str, dict]:
@@ -128,7 +148,9 @@ def refusals(peers: list[Peer]) -> dict[str, dict]:
         if not (p.honest and isinstance(p, Replicated)):
             continue
         for partner, verdict in p.verdicts:
-            row = out.setdefault(kinds[partner], {"merged": 0, "refused": 0, "reason": "", "banned_by": 0, "scored": []})
+            row = out.setdefault(
+                kinds[partner], {"merged": 0, "refused": 0, "reason": "", "banned_by": 0, "scored": []}
+            )
             if verdict.decision is None:
                 row["refused"] += 1
                 row["reason"] = row["reason"] or verdict.reason
@@ -140,17 +162,27 @@ def refusals(peers: list[Peer]) -> dict[str, dict]:
         row["banned_by"] = sum(1 for p in peers if p.honest and p.bans and name in p.bans.banned_until)
         changes = sorted(row.pop("scored"))
         if changes:
-            row["scored_change_quartiles"] = [changes[len(changes) // 4], changes[len(changes) // 2], changes[3 * len(changes) // 4], changes[-1]]
+            row["scored_change_quartiles"] = [
+                changes[len(changes) // 4],
+                changes[len(changes) // 2],
+                changes[3 * len(changes) // 4],
+                changes[-1],
+            ]
     return out
 
 
-def compare(attacked: dict, clean: dict, attackers: int, peers: int) -> dict:
-    """The attacked run's final honest loss against the attack-free run's at equal time and at equal samples."""
+def compare(attacked: dict, clean: dict, alone: dict) -> dict:
+    """The attacked run's final honest loss against the attack-free swarm's at equal time and at equal samples,
+    and against its honest peers training alone (equal time and samples both)."""
     final = attacked["curve"][-1]
     at_time = next(c for c in clean["curve"] if c["step"] == final["step"])
     equal = [c for c in clean["curve"] if c["honest_samples"] <= final["honest_samples"]][-1]
-    return {"loss": final["loss"], "clean_equal_time": at_time["loss"], "clean_equal_samples": equal["loss"],
-            "ratio_equal_time": final["loss"] / at_time["loss"], "ratio_equal_samples": final["loss"] / equal["loss"]}
+    by_themselves = alone["curve"][-1]["loss"]
+    return {
+        "loss": final["loss"], "clean_equal_time": at_time["loss"], "clean_equal_samples": equal["loss"],
+        "alone": by_themselves, "ratio_equal_time": final["loss"] / at_time["loss"],
+        "ratio_equal_samples": final["loss"] / equal["loss"], "ratio_alone": final["loss"] / by_themselves,
+    }  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,14 +192,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attacks", default=",".join(ATTACKS))
     parser.add_argument("--attackers", default="1,2,3")
     parser.add_argument("--defences", default="screening,scored")
-    parser.add_argument("--steps", type=int, default=160, help="steps per training peer")
+    parser.add_argument("--steps", type=int, default=64, help="steps per training peer")
     parser.add_argument("--period", type=float, default=4.0, help="steps between a peer's exchanges")
     parser.add_argument("--evals", type=int, default=8, help="honest evaluations per run, evenly spaced")
-    parser.add_argument("--score-batches", type=int, default=1)
-    parser.add_argument("--score-windows", type=int, default=32, help="windows per held batch (at most the task's batch)")
-    parser.add_argument("--tolerance", type=float, default=0.01, help="relative rise of the held loss a merge may cause")
-    parser.add_argument("--trust-ramp", type=float, default=20.0, help="passes after which a peer is scored half the time")
-    parser.add_argument("--trust-floor", type=float, default=0.25, help="the least share of a trusted peer's merges scored")
+    parser.add_argument(
+        "--score-windows", type=int, default=32, help="windows per held batch (at most the task's batch)"
+    )
+    parser.add_argument(
+        "--tolerance", type=float, default=0.01, help="relative rise of the held loss a merge may cause"
+    )
+    parser.add_argument(
+        "--trust-ramp", type=float, default=Trust.ramp, help="passes after which a peer is scored half the time"
+    )
+    parser.add_argument(
+        "--trust-floor", type=float, default=Trust.min_rate, help="the least share of a trusted peer's merges scored"
+    )
     parser.add_argument("--seeds", default="0", help="comma-separated seeds")
     parser.add_argument("--out", type=Path, default=Path("results/poisoning.json"))
     args = parser.parse_args(argv)
@@ -175,42 +214,53 @@ def main(argv: list[str] | None = None) -> int:
     task = load_task(args.task)
     if args.evals % args.peers:
         parser.error("--evals must be a multiple of --peers: equal samples falls on the attack-free run's grid")
-    rows = []
+    rows: list[dict] = []
+
+    def record(row: dict, began: float) -> dict:
+        rows.append({**row, "wall_s": round(time.monotonic() - began, 1)})
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "curve"}), flush=True)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
+        return row
+
     for seed in (int(s) for s in args.seeds.split(",")):
         for defence in args.defences.split(","):
-            def make_vetting(shard: int, defence: str = defence) -> Vetting:
-                return vetting(task, defence, shard, args.score_batches, args.score_windows, args.tolerance, args.trust_ramp, args.trust_floor)
+            make = functools.partial(vetting, task, defence, score_windows=args.score_windows, tolerance=args.tolerance,
+                                     trust_ramp=args.trust_ramp, trust_floor=args.trust_floor)  # fmt: skip
+
+            def swarm(attack: str | None, attackers: int, peers: int, make=make, seed: int = seed) -> dict:
+                return run_swarm(task, build(task, attack, attackers, peers, seed, make), args.steps, args.period,
+                                 seed, args.evals)  # fmt: skip
 
             began = time.monotonic()
-            clean = run_swarm(task, build(task, None, 0, args.peers, seed, make_vetting), args.steps, args.period, seed, args.evals)
-            rows.append({"seed": seed, "defence": defence, "attack": "none", "attackers": 0, **clean,
-                         "final": clean["curve"][-1]["loss"], "wall_s": round(time.monotonic() - began, 1)})
-            print(json.dumps({k: v for k, v in rows[-1].items() if k != "curve"}), flush=True)
-            for attack in args.attacks.split(","):
-                for k in (int(a) for a in args.attackers.split(",")):
+            key = {"seed": seed, "defence": defence}
+            clean = record({**key, "attack": "none", "attackers": 0, **swarm(None, 0, args.peers)}, began)
+            for k in (int(a) for a in args.attackers.split(",")):
+                began = time.monotonic()
+                alone = record({**key, "attack": "alone", "attackers": k, **swarm(None, 0, args.peers - k)}, began)
+                for attack in args.attacks.split(","):
                     began = time.monotonic()
-                    result = run_swarm(task, build(task, attack, k, args.peers, seed, make_vetting), args.steps,
-                                       args.period, seed, args.evals)
-                    rows.append({"seed": seed, "defence": defence, "attack": attack, "attackers": k, **result,
-                                 **compare(result, clean, k, args.peers), "wall_s": round(time.monotonic() - began, 1)})
-                    print(json.dumps({k2: v for k2, v in rows[-1].items() if k2 != "curve"}), flush=True)
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
+                    result = swarm(attack, k, args.peers)
+                    record({**key, "attack": attack, "attackers": k, **result, **compare(result, clean, alone)}, began)
     print_table(rows)
     return 0
 
 
 def print_table(rows: list[dict]) -> None:
-    """Medians over seeds: honest loss against the attack-free run's, at equal samples and at equal time."""
-    print("\n| defence | attack | attackers | honest loss | ×clean, equal samples | ×clean, equal time | exchange CPU share |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    keys = sorted({(r["defence"], r["attack"], r["attackers"]) for r in rows}, key=lambda k: (k[0], k[1] != "none", k[1], k[2]))
+    """Medians over seeds: honest loss against the honest peers alone and the attack-free swarm of all peers."""
+    print("\n| defence | attack | attackers | honest loss | ×alone | ×clean, equal samples | ×clean, equal time "
+          "| exchange CPU share |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    keys = sorted({(r["defence"], r["attack"], r["attackers"]) for r in rows}, key=lambda k: (k[0], k[2], k[1] != "alone", k[1]))
     for defence, attack, k in keys:
         mine = [r for r in rows if (r["defence"], r["attack"], r["attackers"]) == (defence, attack, k)]
-        med = lambda key: statistics.median(r[key] for r in mine)  # noqa: E731
-        loss = med("final") if attack == "none" else med("loss")
-        ratios = ("—", "—") if attack == "none" else (f"{med('ratio_equal_samples'):.3f}", f"{med('ratio_equal_time'):.3f}")
-        print(f"| {defence} | {attack} | {k} | {loss:.3f} | {ratios[0]} | {ratios[1]} | {med('exchange_cpu_share'):.1%} |")
+
+        def med(key: str, mine: list[dict] = mine) -> float:
+            return statistics.median(r[key] for r in mine)
+
+        loss = med("loss") if "loss" in mine[0] else statistics.median(r["curve"][-1]["loss"] for r in mine)
+        ratios = [f"{med(key):.3f}" if key in mine[0] else "—" for key in ("ratio_alone", "ratio_equal_samples", "ratio_equal_time")]
+        print(f"| {defence} | {attack} | {k} | {loss:.3f} | {' | '.join(ratios)} | {med('exchange_cpu_share'):.1%} |")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from murmur.node.learn.scoring import MergeScorer, Trust
+from murmur.node.learn.scoring import MergeScorer, Trust, held_batches
 
 
 def regression(seed: int = 0) -> tuple[nn.Module, list[tuple[torch.Tensor, torch.Tensor]], dict[str, torch.Tensor]]:
@@ -76,3 +76,14 @@ def test_one_failure_wipes_a_peers_record() -> None:
         trust.record("p", True)
     trust.record("p", False)
     assert trust.rate("p") == 1.0 and trust.failures == {"p": 1}
+
+
+def test_held_batches_take_the_first_windows_of_a_stream_across_its_batches() -> None:
+    def stream():
+        for k in range(10):
+            yield torch.full((4, 2), float(k)), torch.zeros(4)
+
+    held = held_batches(stream(), 6)
+    assert [len(x) for x, _ in held] == [4, 2] and held[1][0][0, 0] == 1.0
+    with pytest.raises(ValueError, match="at least one held window"):
+        held_batches(stream(), 0)

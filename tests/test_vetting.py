@@ -24,7 +24,7 @@ def wire(weight: torch.Tensor) -> WireState:
 def scorer(tolerance: float = 0.01) -> MergeScorer:
     g = torch.Generator().manual_seed(0)
     xs = [torch.randn(32, 4, generator=g) for _ in range(2)]
-    loss = lambda model, batch: F.mse_loss(model(batch[0]), batch[1])  # noqa: E731
+    loss = lambda model, batch: F.mse_loss(model(batch[0]), batch[1])
     return MergeScorer(nn.Linear(4, 1, bias=False), loss, [(x, x @ TRUTH.T) for x in xs], tolerance=tolerance)
 
 

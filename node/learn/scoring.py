@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -26,6 +26,7 @@ from murmur.node.learn.tensors import ExchangedTensors, flat_update
 from murmur.protocol.codec import pieces
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+HELD_SHARD = 1 << 20  # held batches come from the stream of shard HELD_SHARD + this peer's: one it does not train on
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,8 @@ class Trust:
     max(`min_rate`, `ramp` / (`ramp` + `n`)): trust grows slowly and never to blind.
     """
 
-    ramp: float = 20.0
-    min_rate: float = 0.25
+    ramp: float = 8.0
+    min_rate: float = 0.1
     passes: dict[str, int] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)
 
@@ -84,8 +85,12 @@ class MergeScorer:
     """
 
     def __init__(
-        self, model: nn.Module, loss: Callable[[nn.Module, Batch], torch.Tensor], batches: Sequence[Batch],
-        *, tolerance: float = 0.01,
+        self,
+        model: nn.Module,
+        loss: Callable[[nn.Module, Batch], torch.Tensor],
+        batches: Sequence[Batch],
+        *,
+        tolerance: float = 0.01,
     ) -> None:
         """Raises `ValueError` without batches or for a negative tolerance."""
         if not batches:
@@ -100,8 +105,9 @@ class MergeScorer:
         self._loss = loss
         self.tolerance = tolerance
 
-    def held_loss(self, state: Mapping[str, torch.Tensor], remote: Mapping[str, torch.Tensor] | None = None,
-                  share: float = 0.0) -> float:
+    def held_loss(
+        self, state: Mapping[str, torch.Tensor], remote: Mapping[str, torch.Tensor] | None = None, share: float = 0.0
+    ) -> float:
         """The mean loss on the held batches of `state + share × (remote − state)` (`state` alone without `remote`).
 
         Names outside the model (travelling optimizer state) are ignored.
@@ -113,7 +119,9 @@ class MergeScorer:
                         for elements, piece in pieces(state, name):
                             flat[elements].copy_(piece)
                     else:
-                        for (elements, mine), (_, theirs) in zip(pieces(state, name), pieces(remote, name), strict=True):
+                        for (elements, mine), (_, theirs) in zip(
+                            pieces(state, name), pieces(remote, name), strict=True
+                        ):
                             flat[elements].copy_(mine + share * (theirs - mine))
             return sum(float(self._loss(self._scratch, batch)) for batch in self._batches) / len(self._batches)
 
@@ -123,5 +131,19 @@ class MergeScorer:
         after = self.held_loss(local, remote, share)
         change = (after - before) / max(abs(before), 1e-12)
         if change > self.tolerance:
-            return Score(before, after, False, f"scored: merging the partner's model raises our held loss by {change:.1%}")
+            return Score(
+                before, after, False, f"scored: merging the partner's model raises our held loss by {change:.1%}"
+            )
         return Score(before, after, True, f"scored: held loss {'+' if change >= 0 else ''}{change:.1%}")
+
+
+def held_batches(batches: Iterator[Batch], windows: int) -> list[Batch]:
+    """The first `windows` examples of `batches` (a task's stream), in its batches; raises `ValueError` for none."""
+    if windows < 1:
+        raise ValueError(f"a scorer needs at least one held window, not {windows}")
+    held: list[Batch] = []
+    while windows > 0:
+        x, y = next(batches)
+        held.append((x[:windows], y[:windows]))
+        windows -= len(held[-1][0])
+    return held

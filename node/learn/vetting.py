@@ -50,8 +50,15 @@ class Vetting:
     strike_factor: float = 10.0
 
     def vet(
-        self, peer_id: str, rule: MergeRule, snapshot: Snapshot, remote: WireState, claimed_work: float,
-        fresh: tuple[float, float] | None, local_rate: float, now: float,
+        self,
+        peer_id: str,
+        rule: MergeRule,
+        snapshot: Snapshot,
+        remote: WireState,
+        claimed_work: float,
+        fresh: tuple[float, float] | None,
+        local_rate: float,
+        now: float,
     ) -> Verdict:
         """Whether and how to merge `peer_id`'s `remote` model into ours (`snapshot`), by `rule`.
 
