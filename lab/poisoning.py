@@ -208,13 +208,22 @@ def main(argv: list[str] | None = None) -> int:
         "--trust-floor", type=float, default=Trust.min_rate, help="the least share of a trusted peer's merges scored"
     )
     parser.add_argument("--seeds", default="0", help="comma-separated seeds")
+    parser.add_argument("--baselines", type=Path, default=None,
+                        help="reuse the attack-free runs (attack none and alone) of this earlier output with the same "
+                             "steps, period and defence settings, rather than run them again")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("results/poisoning.json"))
+    parser.add_argument("--report", type=Path, nargs="+", default=None,
+                        help="run nothing: combine these outputs (baselines and attacks from separate runs) into one table")
     args = parser.parse_args(argv)
+    if args.report:
+        print_table(combine([row for path in args.report for row in json.loads(path.read_text())["rows"]]))
+        return 0
     torch.set_num_threads(1)
     task = load_task(args.task)
     if args.evals % args.peers:
         parser.error("--evals must be a multiple of --peers: equal samples falls on the attack-free run's grid")
     rows: list[dict] = []
+    reused = json.loads(args.baselines.read_text())["rows"] if args.baselines else []
 
     def record(row: dict, began: float) -> dict:
         rows.append({**row, "wall_s": round(time.monotonic() - began, 1)})
@@ -232,18 +241,38 @@ def main(argv: list[str] | None = None) -> int:
                 return run_swarm(task, build(task, attack, attackers, peers, seed, make), args.steps, args.period,
                                  seed, args.evals)  # fmt: skip
 
-            began = time.monotonic()
             key = {"seed": seed, "defence": defence}
-            clean = record({**key, "attack": "none", "attackers": 0, **swarm(None, 0, args.peers)}, began)
+
+            def baseline(attackers: int, key: dict = key, swarm=swarm) -> dict:
+                began, label = time.monotonic(), {"attack": "none" if attackers == 0 else "alone", "attackers": attackers}
+                found = [r for r in reused if r.items() >= {**key, **label}.items()]
+                if found:
+                    rows.append(found[0])
+                    return found[0]
+                return record({**key, **label, **swarm(None, 0, args.peers - attackers)}, began)
+
+            clean = baseline(0)
             for k in (int(a) for a in args.attackers.split(",")):
-                began = time.monotonic()
-                alone = record({**key, "attack": "alone", "attackers": k, **swarm(None, 0, args.peers - k)}, began)
-                for attack in args.attacks.split(","):
+                alone = baseline(k)
+                for attack in filter(None, args.attacks.split(",")):  # none: the baselines only
                     began = time.monotonic()
                     result = swarm(attack, k, args.peers)
                     record({**key, "attack": attack, "attackers": k, **result, **compare(result, clean, alone)}, began)
     print_table(rows)
     return 0
+
+
+def combine(rows: list[dict]) -> list[dict]:
+    """`rows` from several outputs, each attacked run compared again with the baselines among them (the last of each kind)."""
+    baselines = {(r["seed"], r["defence"], r["attack"], r["attackers"]): r for r in rows if r["attack"] in ("none", "alone")}
+    out = list(baselines.values())
+    for r in rows:
+        if r["attack"] in ("none", "alone"):
+            continue
+        clean = baselines.get((r["seed"], r["defence"], "none", 0))
+        alone = baselines.get((r["seed"], r["defence"], "alone", r["attackers"]))
+        out.append({**r, **compare(r, clean, alone)} if clean and alone else r)
+    return out
 
 
 def print_table(rows: list[dict]) -> None:

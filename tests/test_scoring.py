@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from murmur.node.learn.scoring import MergeScorer, Trust, held_batches
+from murmur.node.learn.scoring import MergeScorer, Score, Trust, held_batches
 
 
 def regression(seed: int = 0) -> tuple[nn.Module, list[tuple[torch.Tensor, torch.Tensor]], dict[str, torch.Tensor]]:
@@ -58,24 +58,45 @@ def test_bad_scorer_settings_are_refused() -> None:
         MergeScorer(model, mse, batches, tolerance=-0.1)
 
 
+PASS = Score(1.0, 0.99, True, "scored: held loss -1.0%")
+FAIL = Score(1.0, 1.05, False, "scored: merging the partner's model raises our held loss by 5.0%")
+
+
 def test_trust_scores_a_new_peer_always_and_a_proven_one_less_but_never_never() -> None:
     trust = Trust(ramp=4.0, min_rate=0.2)
     assert trust.rate("p") == 1.0
     for _ in range(4):
-        trust.record("p", True)
+        trust.record("p", PASS)
     assert trust.rate("p") == 0.5
     for _ in range(100):
-        trust.record("p", True)
+        trust.record("p", PASS)
     assert trust.rate("p") == 0.2
     assert sum(trust.should_score("p", random.Random(i)) for i in range(1000)) in range(150, 250)
 
 
-def test_one_failure_wipes_a_peers_record() -> None:
-    trust = Trust(ramp=4.0, min_rate=0.2)
+def test_one_failure_wipes_a_peers_record_and_refuses_its_next_merges_unscored() -> None:
+    trust = Trust(ramp=4.0, min_rate=0.2, probation=2)
     for _ in range(50):
-        trust.record("p", True)
-    trust.record("p", False)
+        trust.record("p", PASS)
+    assert trust.on_probation("p") is None
+    trust.record("p", FAIL)
     assert trust.rate("p") == 1.0 and trust.failures == {"p": 1}
+    assert trust.on_probation("p") == "on probation after a failed score (1 more merges refused)"
+    assert trust.on_probation("p") == "on probation after a failed score (0 more merges refused)"
+    assert trust.on_probation("p") is None
+
+
+def test_a_peer_whose_models_add_loss_on_average_shows_no_evidence_of_training() -> None:
+    trust = Trust(window=4, min_evidence=3, max_mean_change=0.002)
+    stale = Score(1.0, 1.006, True, "scored: held loss +0.6%")  # each within the tolerance
+    trust.record("echo", stale)
+    trust.record("echo", stale)
+    assert trust.lacks_evidence("echo") is None  # too few scores to judge
+    trust.record("echo", stale)
+    assert trust.lacks_evidence("echo") == "no evidence of training: its last 3 scored models raised our held loss by 0.60% on average"
+    for _ in range(4):
+        trust.record("worker", PASS)
+    assert trust.lacks_evidence("worker") is None
 
 
 def test_held_batches_take_the_first_windows_of_a_stream_across_its_batches() -> None:

@@ -70,3 +70,21 @@ def test_a_trusted_peer_is_scored_only_sometimes() -> None:
     vetting.trust.passes["partner"] = 10**9
     verdict = vet(vetting, TRUTH - 0.1)
     assert verdict.decision is not None and verdict.score is None and verdict.reason == "accepted"
+
+
+def test_after_a_failed_score_a_partner_is_refused_unscored_for_a_while() -> None:
+    vetting = Vetting(scorer=scorer(tolerance=0.01), trust=Trust(probation=1), strike_factor=1e9, rng=random.Random(0))
+    assert vet(vetting, TRUTH + 0.6).reason.startswith("scored: merging")
+    verdict = vet(vetting, TRUTH - 0.1)  # even a good model: the partner is on probation
+    assert verdict.decision is None and verdict.score is None
+    assert verdict.reason == "on probation after a failed score (0 more merges refused)"
+    assert vet(vetting, TRUTH - 0.1).decision is not None
+
+
+def test_a_partner_whose_models_add_loss_on_average_is_refused_for_lack_of_evidence() -> None:
+    vetting = Vetting(scorer=scorer(tolerance=0.5), trust=Trust(ramp=1e9, min_evidence=2, max_mean_change=0.0),
+                      rng=random.Random(0))  # scores every merge
+    first = vet(vetting, TRUTH + 0.25)  # slightly worse than ours, within the tolerance
+    assert first.decision is not None and first.score is not None and first.score.change > 0
+    second = vet(vetting, TRUTH + 0.25)
+    assert second.decision is None and second.reason.startswith("no evidence of training: its last 2 scored models")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import random
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -50,16 +51,27 @@ class Score:
 
 @dataclass
 class Trust:
-    """Which partners' merges to score: all of a new peer's, fewer as its record of passes grows.
+    """A peer's record of scored merges: which of its merges to score, and whether its models show training.
 
     A peer with `n` passes since its last failure is scored with probability
-    max(`min_rate`, `ramp` / (`ramp` + `n`)): trust grows slowly and never to blind.
+    max(`min_rate`, `ramp` / (`ramp` + `n`)): trust grows slowly and never to blind. A
+    failure puts the peer on probation: its next `probation` merges are refused unscored.
+    Work earns credit only with evidence of training: once a peer has `min_evidence` recent
+    scores (of the last `window`), their mean change of our held loss must be at most
+    `max_mean_change`; a peer whose models add loss on average (a free-rider echoing stale
+    models, a subtle poisoner just inside the tolerance) is refused until its record improves.
     """
 
-    ramp: float = 8.0
+    ramp: float = 2.0
     min_rate: float = 0.1
+    probation: int = 4
+    window: int = 8
+    min_evidence: int = 4
+    max_mean_change: float = 0.002
     passes: dict[str, int] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)
+    changes: dict[str, deque[float]] = field(default_factory=dict)
+    _probation: dict[str, int] = field(default_factory=dict)
 
     def rate(self, peer_id: str) -> float:
         """The probability that `peer_id`'s next merge is scored."""
@@ -68,13 +80,33 @@ class Trust:
     def should_score(self, peer_id: str, rng: random.Random) -> bool:
         return rng.random() < self.rate(peer_id)
 
-    def record(self, peer_id: str, passed: bool) -> None:
-        """Count a scored merge: a pass adds to the peer's record, a failure wipes it."""
-        if passed:
+    def on_probation(self, peer_id: str) -> str | None:
+        """Why `peer_id`'s merge is refused unscored (it failed a score lately), counting it; None if it is not."""
+        left = self._probation.get(peer_id, 0)
+        if not left:
+            return None
+        self._probation[peer_id] = left - 1
+        return f"on probation after a failed score ({left - 1} more merges refused)"
+
+    def record(self, peer_id: str, score: Score) -> None:
+        """Count a scored merge: a pass adds to the peer's record, a failure wipes it and starts a probation."""
+        self.changes.setdefault(peer_id, deque(maxlen=self.window)).append(score.change)
+        if score.passed:
             self.passes[peer_id] = self.passes.get(peer_id, 0) + 1
         else:
             self.passes[peer_id] = 0
             self.failures[peer_id] = self.failures.get(peer_id, 0) + 1
+            self._probation[peer_id] = self.probation
+
+    def lacks_evidence(self, peer_id: str) -> str | None:
+        """Why `peer_id`'s models show no training (its recent scores add loss on average), or None."""
+        changes = self.changes.get(peer_id, ())
+        if len(changes) < self.min_evidence:
+            return None
+        mean = sum(changes) / len(changes)
+        if mean <= self.max_mean_change:
+            return None
+        return f"no evidence of training: its last {len(changes)} scored models raised our held loss by {mean:.2%} on average"
 
 
 class MergeScorer:

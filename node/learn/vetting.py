@@ -37,9 +37,11 @@ class Verdict:
 class Vetting:
     """A partner's claim through `claims`, its model through `screening`, then through `scorer` if given.
 
-    Which merges are scored is `trust`'s choice (drawn from `rng`). A scored merge that
-    would raise the held loss by more than `strike_factor` × the scorer's tolerance is an
-    offence as well as a refusal: honest models never come near it.
+    Which merges are scored is `trust`'s choice (drawn from `rng`); a peer that failed a
+    score lately is refused unscored for a while, and one whose scores show no evidence of
+    training (`Trust.lacks_evidence`) is refused too. A scored merge that would raise the
+    held loss by more than `strike_factor` × the scorer's tolerance is an offence as well
+    as a refusal: honest models never come near it.
     """
 
     claims: WorkClaimLimiter = field(default_factory=WorkClaimLimiter)
@@ -81,12 +83,21 @@ class Vetting:
         if screening.pull is None:
             return Verdict(None, screening.reason, tuple(offences), screening.distance)
         decision = replace(decision, remote_share=decision.remote_share * screening.pull)
-        if self.scorer is None or decision.remote_share == 0 or not self.trust.should_score(peer_id, self.rng):
+        if self.scorer is None or decision.remote_share == 0:
             return Verdict(decision, screening.reason, tuple(offences), screening.distance)
-        score = self.scorer.score(snapshot.state, remote, decision.remote_share)
-        self.trust.record(peer_id, score.passed)
-        if score.passed:
-            return Verdict(decision, f"{screening.reason}; {score.reason}", tuple(offences), screening.distance, score)
-        if score.change > self.strike_factor * self.scorer.tolerance:
-            offences.append(score.reason)
-        return Verdict(None, score.reason, tuple(offences), screening.distance, score)
+        probation = self.trust.on_probation(peer_id)
+        if probation:
+            return Verdict(None, probation, tuple(offences), screening.distance)
+        score = None
+        if self.trust.should_score(peer_id, self.rng):
+            score = self.scorer.score(snapshot.state, remote, decision.remote_share)
+            self.trust.record(peer_id, score)
+            if not score.passed:
+                if score.change > self.strike_factor * self.scorer.tolerance:
+                    offences.append(score.reason)
+                return Verdict(None, score.reason, tuple(offences), screening.distance, score)
+        idle = self.trust.lacks_evidence(peer_id)
+        if idle:
+            return Verdict(None, idle, tuple(offences), screening.distance, score)
+        reason = f"{screening.reason}; {score.reason}" if score else screening.reason
+        return Verdict(decision, reason, tuple(offences), screening.distance, score)
