@@ -44,7 +44,7 @@ def vetting(
     task: Task,
     defence: str,
     shard: int,
-    score_windows: int = 16,
+    score_windows: int = 8,
     tolerance: float = 0.01,
     trust_ramp: float = Trust.ramp,
     trust_floor: float = Trust.min_rate,
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--period", type=float, default=4.0, help="steps between a peer's exchanges")
     parser.add_argument("--evals", type=int, default=8, help="honest evaluations per run, evenly spaced")
     parser.add_argument(
-        "--score-windows", type=int, default=32, help="windows per held batch (at most the task's batch)"
+        "--score-windows", type=int, default=8, help="held windows a merge is scored on"
     )
     parser.add_argument(
         "--tolerance", type=float, default=0.01, help="relative rise of the held loss a merge may cause"
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         "--trust-floor", type=float, default=Trust.min_rate, help="the least share of a trusted peer's merges scored"
     )
     parser.add_argument("--seeds", default="0", help="comma-separated seeds")
-    parser.add_argument("--baselines", type=Path, default=None,
+    parser.add_argument("--baselines", type=Path, nargs="+", default=[],
                         help="reuse the attack-free runs (attack none and alone) of this earlier output with the same "
                              "steps, period and defence settings, rather than run them again")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("results/poisoning.json"))
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.evals % args.peers:
         parser.error("--evals must be a multiple of --peers: equal samples falls on the attack-free run's grid")
     rows: list[dict] = []
-    reused = json.loads(args.baselines.read_text())["rows"] if args.baselines else []
+    reused = [row for path in args.baselines for row in json.loads(path.read_text())["rows"]]
 
     def record(row: dict, began: float) -> dict:
         rows.append({**row, "wall_s": round(time.monotonic() - began, 1)})

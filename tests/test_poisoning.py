@@ -36,8 +36,10 @@ def test_scored_merges_keep_honest_loss_within_2_percent_of_the_honest_peers_alo
     ratio = compare(result, *clean)["ratio_alone"]
     print(f"{attack}: honest loss {ratio:.3f}x the honest peers' alone; {result['refusals']}")
     assert ratio <= 1.02
-    honest = result["refusals"]["honest"]
-    assert honest["refused"] <= 0.1 * (honest["merged"] + honest["refused"])  # few honest merges refused
+    honest, attacker = result["refusals"]["honest"], result["refusals"][f"peer-{PEERS - 1}"]
+    assert honest["refused"] <= 0.2 * (honest["merged"] + honest["refused"])  # few honest merges refused
+    if attack in ("data", "signflip", "freerider"):  # the attacks whose models add loss: mostly refused
+        assert attacker["refused"] > attacker["merged"], attacker
 
 
 def test_real_peers_refuse_a_data_poisoner_that_changed_no_code(tmp_path) -> None:

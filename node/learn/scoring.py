@@ -62,7 +62,7 @@ class Trust:
     models, a subtle poisoner just inside the tolerance) is refused until its record improves.
     """
 
-    ramp: float = 2.0
+    ramp: float = 1.0
     min_rate: float = 0.1
     probation: int = 4
     window: int = 8
