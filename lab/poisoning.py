@@ -141,21 +141,23 @@ def run_swarm(task: Task, peers: list[Peer], steps: int, period: float, seed: in
 
 
 def refusals(peers: list[Peer]) -> dict[str, dict]:
-    """How honest peers judged each partner kind: merges, refusals, bans, the first refusal's reason and scored changes."""
+    """How honest peers judged each partner kind: merges (and those in the second half of the run), refusals,
+    bans, the first refusal's reason and the quartiles of the scored changes."""
     kinds = {p.name: ("honest" if p.honest else p.name) for p in peers}
     out: dict[str, dict] = {}
     for p in peers:
         if not (p.honest and isinstance(p, Replicated)):
             continue
-        for partner, verdict in p.verdicts:
+        for k, (partner, verdict) in enumerate(p.verdicts):
             row = out.setdefault(
-                kinds[partner], {"merged": 0, "refused": 0, "reason": "", "banned_by": 0, "scored": []}
+                kinds[partner], {"merged": 0, "refused": 0, "merged_late": 0, "reason": "", "banned_by": 0, "scored": []}
             )
             if verdict.decision is None:
                 row["refused"] += 1
                 row["reason"] = row["reason"] or verdict.reason
             else:
                 row["merged"] += 1
+                row["merged_late"] += k >= len(p.verdicts) // 2  # in the second half of this peer's exchanges
             if verdict.score is not None:
                 row["scored"].append(round(verdict.score.change, 4))
     for name, row in out.items():
@@ -277,9 +279,9 @@ def combine(rows: list[dict]) -> list[dict]:
 
 def print_table(rows: list[dict]) -> None:
     """Medians over seeds: honest loss against the honest peers alone and the attack-free swarm of all peers."""
-    print("\n| defence | attack | attackers | honest loss | ×alone | ×clean, equal samples | ×clean, equal time "
-          "| exchange CPU share |")  # fmt: skip
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("\n| defence | attack | attackers | seeds | honest loss | ×alone | ×clean, equal samples | ×clean, equal time "
+          "| attackers' merges refused | honest merges refused | exchange CPU share |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     keys = sorted({(r["defence"], r["attack"], r["attackers"]) for r in rows}, key=lambda k: (k[0], k[2], k[1] != "alone", k[1]))
     for defence, attack, k in keys:
         mine = [r for r in rows if (r["defence"], r["attack"], r["attackers"]) == (defence, attack, k)]
@@ -289,7 +291,16 @@ def print_table(rows: list[dict]) -> None:
 
         loss = med("loss") if "loss" in mine[0] else statistics.median(r["curve"][-1]["loss"] for r in mine)
         ratios = [f"{med(key):.3f}" if key in mine[0] else "—" for key in ("ratio_alone", "ratio_equal_samples", "ratio_equal_time")]
-        print(f"| {defence} | {attack} | {k} | {loss:.3f} | {' | '.join(ratios)} | {med('exchange_cpu_share'):.1%} |")
+        refused = [refused_share(mine, honest=False), refused_share(mine, honest=True)]
+        print(f"| {defence} | {attack} | {k} | {len(mine)} | {loss:.3f} | {' | '.join(ratios)} | {' | '.join(refused)} "
+              f"| {med('exchange_cpu_share'):.1%} |")  # fmt: skip
+
+
+def refused_share(rows: list[dict], honest: bool) -> str:
+    """The share of the honest peers' verdicts on honest (or attacking) partners that refused, over `rows`."""
+    judged = [v for r in rows for name, v in r["refusals"].items() if (name == "honest") == honest]
+    total = sum(v["merged"] + v["refused"] for v in judged)
+    return f"{sum(v['refused'] for v in judged) / total:.0%}" if total else "—"
 
 
 if __name__ == "__main__":
