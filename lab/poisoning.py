@@ -4,7 +4,8 @@
         --defences screening,scored --seeds 1 --out results/poisoning.json
 
 Every peer is a `lab.attacks.Peer` stepping at the same speed; every `--period` steps each
-starts an exchange with a random partner, and both sides vet the other's model with the
+starts an exchange with a random partner (another, up to 3 in all, while they are refused or
+banned, as `Averager.average_once` does), and both sides vet the other's model with the
 node's own `Vetting` (claims, distance screening and, with `scored`, the merge's score on
 held batches) and strike offences into their own `BanList`, as `Averager` does. Honest
 loss is the median honest peer's held-out loss. The attack-free run has 8 honest peers;
@@ -37,6 +38,7 @@ from murmur.node.learn.tasks import Task, load_task
 from murmur.node.learn.vetting import Vetting
 
 DEFENCES = ("screening", "scored")
+MAX_ATTEMPTS = 3  # `Averager.average_once`'s: a refused exchange is followed by one with another partner
 STEP_S = 0.025  # seconds one step stands for (charlm on one core): the clock claims and bans see
 
 
@@ -118,11 +120,20 @@ def run_swarm(task: Task, peers: list[Peer], steps: int, period: float, seed: in
         for p in peers:  # exchanges due by this step, in a fixed order
             while next_merge[p.name] <= step:
                 next_merge[p.name] += period
-                partner = rng.choice([q for q in peers if q is not p])
-                began = time.process_time()
-                ended = exchange(p, partner, swarm, step * STEP_S)
-                exchange_cpu += (time.process_time() - began) * sum(q.honest for q in (p, partner)) / 2
-                outcomes[ended] = outcomes.get(ended, 0) + 1
+                tried: set[str] = set()
+                for _ in range(MAX_ATTEMPTS):  # as `Averager.average_once`: partners until one merges
+                    now = step * STEP_S
+                    left = [q for q in peers if q is not p and q.name not in tried and not (p.bans and p.bans.is_banned(q.name, now))]
+                    if not left:
+                        break
+                    partner = rng.choice(left)
+                    tried.add(partner.name)
+                    began = time.process_time()
+                    ended = exchange(p, partner, swarm, now)
+                    exchange_cpu += (time.process_time() - began) * sum(q.honest for q in (p, partner)) / 2
+                    outcomes[ended] = outcomes.get(ended, 0) + 1
+                    if ended == "merged":
+                        break
         if step in grid:
             losses = [p.loop.evaluate().metrics[task.metric.name] for p in honest]
             curve.append(

@@ -38,7 +38,8 @@ def test_scored_merges_keep_honest_loss_within_2_percent_of_the_honest_peers_alo
     assert ratio <= 1.02
     honest, attacker = result["refusals"]["honest"], result["refusals"][f"peer-{PEERS - 1}"]
     assert honest["refused"] <= 0.2 * (honest["merged"] + honest["refused"])  # few honest merges refused
-    if attack in ("data", "signflip", "freerider"):  # the attacks whose models add loss: mostly refused
+    if attack in ("data", "signflip"):  # the attacks whose models add loss: mostly refused (a free-rider's echo of a
+        # model it just received passes, and is harmless; see docs/poisoning.md)
         assert attacker["refused"] > attacker["merged"], attacker
 
 
