@@ -23,6 +23,7 @@ from averager_harness import BATCH, assert_state_close, last, make_peer, peers, 
 from lab.outer_merge import OuterRule
 from murmur.node.averaging.outcome import Result
 from murmur.node.learn.rules import WorkRule
+from murmur.node.learn.scoring import HELD_SHARD, MergeScorer, held_batches
 from murmur.node.net.transport import (
     READ_CHUNK,
     ByteStream,
@@ -326,3 +327,21 @@ async def test_a_fresh_work_claim_is_capped_at_the_credited_weight() -> None:
         await settled(liar, honest)
         # Credited 128 (4x ours) and so fresh 128 at most: shares 0.8 and 0.8, not ~0.9.
         assert honest.averager.recent[-1].remote_share == pytest.approx(0.8)
+
+
+async def test_a_scoring_peer_refuses_a_model_that_raises_its_held_loss_and_says_by_how_much() -> None:
+    async with peers(2) as (a, b):
+        a.steps(20)
+        b.steps(20)
+        task = a.loop.task
+        a.averager.vetting.scorer = MergeScorer(a.replica.model, task.loss, held_batches(task.train_batches(HELD_SHARD), 64))
+        with torch.no_grad():
+            for parameter in b.replica.model.parameters():  # inside the distance bound, far from honest
+                parameter.neg_()
+        before = a.state()
+        outcome = await a.averager.exchange_with(b.id, b.transport.addresses())
+        await settled(a, b)
+        assert outcome.result == Result.REJECTED
+        assert outcome.reason.startswith("scored: merging the partner's model raises our held loss by")
+        assert_state_close(a.state(), before)
+        assert a.averager.bans._strikes[b.id]  # far past the tolerance: a strike too

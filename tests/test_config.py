@@ -218,6 +218,8 @@ exchange-share-of = "wall"
 exchange_timeout = 5
 min-link-mbit = 2.5
 partners = "uniform"
+score-windows = 64
+score-tolerance = 0.02
 liveness-timeout = 12
 view-size = 0
 eval-every = 2
@@ -258,7 +260,7 @@ def test_a_murmur_toml_with_every_option_loads(parser: argparse.ArgumentParser, 
         data_dir=Path("/data"), task="digits", run_id="swarm-1", listen=["/ip4/0.0.0.0/tcp/4001"], bootstrap=[BOOT_C],
         addr_file=Path("/data/addrs.txt"), announce=["/ip4/203.0.113.7/tcp/4001"], relays=[RELAY], relay_service=True,
         weighting="uniform", merge="average", average_every=0.2, exchange_share=0.25, exchange_share_of="wall", exchange_timeout=5.0,
-        min_link_mbit=2.5, partners="uniform", liveness_timeout=12.0, view_size=None, eval_every=2.0, duration=600.0, shard=3, sync_state=False, nat_traversal=False,
+        min_link_mbit=2.5, partners="uniform", score_windows=64, score_tolerance=0.02, liveness_timeout=12.0, view_size=None, eval_every=2.0, duration=600.0, shard=3, sync_state=False, nat_traversal=False,
         checkpoint_every=60.0, progress_every=10.0, allow_peers=Path("/data/peers.txt"), swarm_secret_file=Path("/data/secret"),
         wire_dtype="bfloat16", compression="sparse", compression_density=0.02, compression_bits=4,
         optimizer_state="keep", ema_decay=0.5, max_connections=100, metrics_port=9100, metrics_host="0.0.0.0", device="cpu", threads=4,

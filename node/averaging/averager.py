@@ -16,7 +16,7 @@ import logging
 import random
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
@@ -27,7 +27,9 @@ from murmur.node.averaging.state_sync import StateSync
 from murmur.node.learn.replica import MergeRefused, Replica, Snapshot
 from murmur.node.learn.rules import MixDecision
 from murmur.node.learn.runtime import Runtime
+from murmur.node.learn.scoring import MergeScorer
 from murmur.node.learn.screening import ClippedGossip, WorkClaimLimiter
+from murmur.node.learn.vetting import Vetting
 from murmur.node.net.conversation import Conversation
 from murmur.node.net.membership import TaskIdentity
 from murmur.node.net.peers import PeerTable
@@ -85,7 +87,7 @@ class Averager:
     """Runs this node's side of averaging exchanges and state sync.
 
     The merge itself is the replica's rule's; the partner's work claim goes through
-    `claims` and its model through `screening`, both passed in. Clocks and worker
+    `claims`, its model through `screening` and, if given, `scorer` (`Vetting`). Clocks and worker
     threads come from `runtime`. Exchanges run over `protocol`.
     """
 
@@ -101,6 +103,7 @@ class Averager:
         screening: ClippedGossip,
         claims: WorkClaimLimiter,
         bans: BanList,
+        scorer: MergeScorer | None = None,
         exchange_timeout: float,
         rng: random.Random,
         min_link_mbit: float = 5.0,
@@ -113,6 +116,7 @@ class Averager:
         self.identity = identity
         self.screening = screening
         self.claims = claims
+        self.vetting = Vetting(claims, screening, scorer, rng=rng)  # draws only to choose merges to score
         self.bans = bans
         self.rng = rng
         self.wire_dtype = check_wire_dtype(wire_dtype)  # what this node proposes when it initiates
@@ -329,28 +333,21 @@ class Averager:
             await self.transport.hang_up(peer_id)
 
     async def _vet(self, attempt: _Attempt, snapshot: Snapshot, remote: WireState, claimed: _Claimed) -> tuple[MixDecision | None, str]:
-        """Credit the partner's work claim, let the rule decide, and screen the partner's model.
+        """Vet the partner's claim and model (`Vetting.vet`, off the event loop) and strike its offences.
 
-        The partner's fresh work, if both sides stated it, is credited at most its credited
-        work (the claim's cap applies to it too). Returns the decision (its share clipped by
-        screening), or None to reject, and the verdict.
+        Returns the decision (its share clipped by screening), or None to reject, and the verdict.
         """
-        peer_id = attempt.peer_id
-        claim = self.claims.credit(peer_id, claimed.work, snapshot.work, self.local_rate(), self.runtime.wall())
-        if claim.offence:
-            await self._offence(peer_id, claim.reason)
         # A partner states fresh work only back to a side that stated its own (`_stated_fresh`, not None).
-        fresh = None if claimed.fresh is None else (self._stated_fresh(snapshot), min(claimed.fresh, claim.work))
-        decision = self.replica.rule.decide(snapshot.work, claim.work, fresh)
-        if not decision.screen:
-            return decision, claim.reason
-        screening = await self._compute(attempt, self.screening.screen, snapshot.state, remote)
-        if screening.offence:
-            await self._offence(peer_id, f"rejected model: {screening.reason}")
-        if screening.pull is None:
-            return None, screening.reason
-        self.last_partner_distance = screening.distance
-        return replace(decision, remote_share=decision.remote_share * screening.pull), screening.reason
+        fresh = None if claimed.fresh is None else (self._stated_fresh(snapshot), claimed.fresh)
+        verdict = await self._compute(
+            attempt, self.vetting.vet, attempt.peer_id, self.replica.rule, snapshot, remote, claimed.work, fresh,
+            self.local_rate(), self.runtime.wall(),
+        )
+        for offence in verdict.offences:
+            await self._offence(attempt.peer_id, offence)
+        if verdict.decision is not None and verdict.distance is not None:
+            self.last_partner_distance = verdict.distance
+        return verdict.decision, verdict.reason
 
     async def _swap(self, conv: Conversation, attempt: _Attempt, local: WireState) -> WireState:
         """Stream our model and receive the partner's at the same time (full duplex)."""

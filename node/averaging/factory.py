@@ -9,6 +9,7 @@ from murmur.node.averaging.delta_gossip import DeltaGossiper
 from murmur.node.averaging.state_sync import STATE_PROTOCOL
 from murmur.node.learn.replica import Replica
 from murmur.node.learn.runtime import Runtime
+from murmur.node.learn.scoring import MergeScorer
 from murmur.node.learn.screening import ClippedGossip, WorkClaimLimiter
 from murmur.node.net.membership import TaskIdentity
 from murmur.node.net.peers import PeerTable
@@ -29,14 +30,16 @@ def build_averager(
     wire_dtype: str = "float32",
     screening: ClippedGossip | None = None,
     claims: WorkClaimLimiter | None = None,
+    scorer: MergeScorer | None = None,
     runtime: Runtime = Runtime(),
 ) -> Averager:
     """An `Averager` for `replica` over `transport`, serving the averaging and state-sync protocols
     (a `DeltaGossiper`, serving delta gossip instead of averaging, for a replica with compression).
 
     Defaults: the run is the task's name, a `PeerTable` without liveness expiry beyond
-    10 s, a fresh ban list, default screening and claim limits, and real clocks and
-    threads. Raises `ValueError` for an unknown `wire_dtype`.
+    10 s, a fresh ban list, default screening and claim limits, no scored merges
+    (`scorer`: `murmur.node.learn.scoring`; delta gossip does not score), and real clocks
+    and threads. Raises `ValueError` for an unknown `wire_dtype`.
     """
     kind = DeltaGossiper if replica.compression is not None else Averager
     averager = kind(
@@ -45,6 +48,7 @@ def build_averager(
         TaskIdentity(run_id or replica.name, replica.fingerprint, replica.spec),
         screening=screening if screening is not None else ClippedGossip(),
         claims=claims if claims is not None else WorkClaimLimiter(),
+        scorer=scorer,
         bans=bans if bans is not None else BanList(),
         exchange_timeout=exchange_timeout,
         min_link_mbit=min_link_mbit,

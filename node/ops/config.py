@@ -217,6 +217,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _nonnegative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
 # --- the settings ---------------------------------------------------------------------------------
 
 
@@ -260,6 +267,12 @@ class NodeConfig:
     min_link_mbit: float = option(5.0, "the slowest link an exchange is given time for (see --exchange-timeout)",
                                   parse=_positive_float, metavar="MBIT")
     partners: str = option("uniform", "how to pick exchange partners: uniform (any live peer)", choices=_partner_names)
+    score_windows: int = option(0, "before merging, score the merged model on this many held windows of this peer's own "
+                                   "data and refuse a merge that raises their loss by more than --score-tolerance (trusted "
+                                   "partners are scored less often; built-in loop only, not delta gossip); 0: off",
+                                parse=_nonnegative_int, metavar="N")
+    score_tolerance: float = option(0.01, "with --score-windows: the relative rise of the held loss a merge may cause",
+                                    parse=_share, metavar="FRACTION")
     gossip_every: float = 1.0
     liveness_timeout: float = option(10.0, "drop peers silent for this long", metavar="SECONDS")
     view_size: int | None = option(32, "peers kept in the membership view, a rotating sample of the swarm (0: all)",

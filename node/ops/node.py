@@ -30,6 +30,7 @@ from murmur.node.learn.device import describe, resolve_device
 from murmur.node.learn.loop import Evaluation, TrainingLoop, TrainStats, train
 from murmur.node.learn.replica import Replica
 from murmur.node.learn.rules import MergeRule, make_rule
+from murmur.node.learn.scoring import HELD_SHARD, MergeScorer, held_batches
 from murmur.node.learn.step import Pacing
 from murmur.node.learn.tasks import load_task
 from murmur.node.net.membership import PEERS_PROTOCOL, Membership
@@ -117,6 +118,7 @@ class Node:
         self.averager = build_averager(
             transport, self.replica, run_id=config.run_id, table=self.table, bans=self.bans, rng=self.rng,
             exchange_timeout=config.exchange_timeout, min_link_mbit=config.min_link_mbit, wire_dtype=config.wire_dtype,
+            scorer=self._scorer(config, shard),
         )
         self.identity = self.averager.identity
         self.membership = Membership(
@@ -172,6 +174,17 @@ class Node:
     def request_stop(self) -> None:
         """Stop gracefully: end the exchange in flight, checkpoint, say goodbye, return from `run`."""
         self._serve_scope.cancel()
+
+    def _scorer(self, config: NodeConfig, shard: int) -> MergeScorer | None:
+        """The scorer of partners' models `--score-windows` asks for: held windows of this peer's task, on a stream it does not train on."""
+        if not config.score_windows:
+            return None
+        if self.loop is None:
+            log.warning("--score-windows is ignored: scoring needs the built-in training loop's task, not your own loop")
+            return None
+        task = self.loop.task
+        held = held_batches(task.train_batches(HELD_SHARD + shard), config.score_windows)
+        return MergeScorer(self.replica.model, task.loss, held, tolerance=config.score_tolerance)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[list[str]] = anyio.TASK_STATUS_IGNORED) -> None:
         """Run until `request_stop`, cancellation or `duration`; `task_status.started` gets the addresses.
