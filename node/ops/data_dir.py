@@ -102,3 +102,20 @@ def _read_pid(fd: int) -> int | None:
         return int(text) if text else None
     except (OSError, ValueError):
         return None
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace `path` with `text` at once (a temporary file renamed); raises `OSError` and leaves no temporary."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk gets the space back
+        raise
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append `line` and a newline to `path`; raises `OSError`."""
+    with path.open("a") as f:
+        f.write(line + "\n")

@@ -17,7 +17,6 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 import anyio
 import torch
@@ -48,7 +47,7 @@ from murmur.node.ops.dashboard import (
     serve_dashboard,
     swarm_view,
 )
-from murmur.node.ops.data_dir import DataDirLock
+from murmur.node.ops.data_dir import DataDirLock, append_line, write_atomic
 from murmur.node.ops.logs import exit_summary, progress_line
 from murmur.node.ops.metrics import CountingTransport, NodeMetrics, Traffic
 from murmur.node.ops.node_status import NetworkStatus, NodeStatus, current_trio_tasks
@@ -206,7 +205,7 @@ class Node:
             for addr in announced:
                 self.say(f"murmur: announcing {addr}")
             if cfg.addr_file:
-                _write_atomic(cfg.addr_file, "".join(a + "\n" for a in listening + announced))
+                write_atomic(cfg.addr_file, "".join(a + "\n" for a in listening + announced))
             task_status.started(addrs)
             exit_checkpoint_failed: CheckpointWriteFailed | None = None
             try:
@@ -281,7 +280,7 @@ class Node:
         # Stamped when the model was copied: an evaluation on a busy machine may finish much later.
         record = {"t": evaluation.t, "samples": evaluation.samples, "work": evaluation.work, **evaluation.metrics,
                   "exchanges": self.averager.outcomes[Result.MERGED]}
-        self._write_or_warn(METRICS_FILE, functools.partial(_append_line, self._metrics_path, json.dumps(record)))
+        self._write_or_warn(METRICS_FILE, functools.partial(append_line, self._metrics_path, json.dumps(record)))
         self.on_evaluation(evaluation)
 
     async def _log_progress(self) -> None:
@@ -393,7 +392,7 @@ class Node:
         A write that fails (a full disk) is logged, once until one succeeds again, and skipped: the node runs on.
         """
         status = self.status()
-        self._write_or_warn(STATUS_FILE, functools.partial(_write_atomic, self.config.data_dir / STATUS_FILE, status.to_json()))
+        self._write_or_warn(STATUS_FILE, functools.partial(write_atomic, self.config.data_dir / STATUS_FILE, status.to_json()))
         return status
 
     def _write_or_warn(self, name: str, write: Callable[[], None]) -> None:
@@ -416,18 +415,3 @@ def _print_now(line: str) -> None:
 
 def _finite_or_none(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) and abs(value) <= 1e12 else None
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)  # a full disk gets the space back
-        raise
-
-
-def _append_line(path: Path, line: str) -> None:
-    with path.open("a") as f:
-        f.write(line + "\n")
