@@ -20,8 +20,7 @@ import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from murmur._ranks import Follower, distributed
-from murmur.node.ops.tracking import require_trackers
-from murmur.peer import Peer, run_config
+from murmur.peer import Peer, check_options
 
 
 def _torch_optimizer(kwargs: dict[str, Any]) -> torch.optim.Optimizer:
@@ -39,8 +38,7 @@ class MurmurCallback(TrainerCallback):
     """
 
     def __init__(self, **options: Any) -> None:
-        # Raises TypeError/ValueError (and TrackingUnavailable for a tracker's missing package) now, not at `on_train_begin`.
-        require_trackers(run_config({k: v for k, v in options.items() if k != "task"}))
+        check_options(options)  # a bad option fails now, not when training starts
         self.options = options
         self.peer: Peer | None = None
         self._follower = Follower()

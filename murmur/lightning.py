@@ -22,8 +22,7 @@ import torch
 from lightning.pytorch.utilities.data import extract_batch_size
 
 from murmur._ranks import Follower, distributed
-from murmur.node.ops.tracking import require_trackers
-from murmur.peer import Peer, run_config
+from murmur.peer import Peer, check_options
 
 
 class StepWork:
@@ -77,8 +76,7 @@ class MurmurCallback(pl.Callback):
     """
 
     def __init__(self, *, batch_work: Callable[[Any], int] | None = None, **options: Any) -> None:
-        # Raises TypeError/ValueError (and TrackingUnavailable for a tracker's missing package) now, not when training starts.
-        require_trackers(run_config({k: v for k, v in options.items() if k != "task"}))
+        check_options(options)  # a bad option fails now, not when training starts
         self.options = options
         self.batch_work = batch_work if batch_work is not None else extract_batch_size
         self.peer: Peer | None = None

@@ -123,6 +123,14 @@ def run_config(options: dict[str, Any]) -> NodeConfig:
     return NodeConfig(**values)
 
 
+def check_options(options: dict[str, Any]) -> None:
+    """Raise now what `Peer(model, optimizer, **options)` would raise for the options alone, before any model
+    exists (a trainer callback's construction): `TypeError`/`ValueError` as `run_config` does, and
+    `TrackingUnavailable` for a tracker (`tensorboard`, `wandb`) whose package is missing. `task` is a label, not checked.
+    """
+    require_trackers(run_config({k: v for k, v in options.items() if k != "task"}))
+
+
 def _checked(name: str, value: Any) -> Any:
     """`value` as `murmur run` would parse it: paths expanded, choices and addresses checked."""
     how = _FIELDS[name].metadata.get("option")

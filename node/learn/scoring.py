@@ -46,7 +46,7 @@ class Score:
     @property
     def change(self) -> float:
         """The merge's relative change of the held batches' loss (negative: the merge helps)."""
-        return (self.merged_loss - self.local_loss) / max(abs(self.local_loss), 1e-12)
+        return _relative_change(self.local_loss, self.merged_loss)
 
 
 @dataclass
@@ -161,12 +161,16 @@ class MergeScorer:
         """Whether merging `share` of `remote` into `local` keeps the held loss within the tolerance."""
         before = self.held_loss(local)
         after = self.held_loss(local, remote, share)
-        change = (after - before) / max(abs(before), 1e-12)
+        change = _relative_change(before, after)
         if change > self.tolerance:
             return Score(
                 before, after, False, f"scored: merging the partner's model raises our held loss by {change:.1%}"
             )
         return Score(before, after, True, f"scored: held loss {'+' if change >= 0 else ''}{change:.1%}")
+
+
+def _relative_change(before: float, after: float) -> float:
+    return (after - before) / max(abs(before), 1e-12)
 
 
 def held_batches(batches: Iterator[Batch], windows: int) -> list[Batch]:

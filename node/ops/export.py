@@ -29,6 +29,7 @@ from safetensors.torch import save as serialize
 from murmur.node.learn.checkpoint import CorruptCheckpoint, newest_first, read_checkpoint
 from murmur.node.learn.tensors import untie
 from murmur.node.ops.checkpoints import CHECKPOINT_DIR
+from murmur.node.ops.data_dir import write_atomic
 from murmur.node.ops.hf_config import HF_CONFIG
 
 WEIGHTS = ("average", "live")
@@ -141,9 +142,7 @@ def save_hf(model: dict[str, torch.Tensor], out: Path, metadata: dict[str, str],
     each atomically. Raises `OSError` if `out` cannot be created or written."""
     out.mkdir(parents=True, exist_ok=True)
     tied = save(model, out / HF_WEIGHTS_FILE, {**metadata, "format": "pt"}, loaded_tied_names(config))  # format: as save_pretrained writes it
-    tmp = out / f".{HF_CONFIG_FILE}.tmp"
-    tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, out / HF_CONFIG_FILE)
+    write_atomic(out / HF_CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True) + "\n")
     return tied
 
 

@@ -12,11 +12,12 @@ always describes the model the data dir's checkpoints hold. Murmur's core never 
 from __future__ import annotations
 
 import copy
-import os
 import sys
 from pathlib import Path
 
 from torch import nn
+
+from murmur.node.ops.data_dir import write_atomic
 
 HF_CONFIG = Path("hf") / "config.json"  # relative to the data dir
 
@@ -42,7 +43,5 @@ def write_hf_config(model: nn.Module, data_dir: Path) -> Path | None:
         path.unlink(missing_ok=True)
         return None
     path.parent.mkdir(exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_atomic(path, text)
     return path

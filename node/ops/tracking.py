@@ -119,9 +119,8 @@ class WandbWriter(ScalarWriter):
                 config={"peer_id": peer_id, "run_id": run_id, "task": task},
                 reinit="create_new",
             )
-        except (
-            Exception
-        ) as exc:  # W&B raises its own assorted types (UsageError, CommError, pydantic's ValidationError)
+        # W&B raises its own assorted types (UsageError, CommError, pydantic's ValidationError).
+        except Exception as exc:
             raise _refused("--wandb", "W&B could not start a run", exc) from None
 
     def write(self, step: int, scalars: Mapping[str, float]) -> None:
