@@ -10,7 +10,7 @@ import pytest
 from status_example import EXAMPLE, example_status
 
 from murmur.node.averaging.outcome import Result
-from murmur.node.ops.node_status import NetworkStatus, NodeStatus, NotAStatus, current_trio_tasks
+from murmur.node.ops.node_status import NetworkStatus, NodeStatus, NotAStatus, current_trio_task_names, current_trio_tasks
 
 # Keys that `murmur status`, its --health check, the lab and scripts read from status.json.
 INTERFACE_KEYS = {
@@ -19,7 +19,7 @@ INTERFACE_KEYS = {
     "eval_fraction", "pid", "status_interval", "bytes_in", "bytes_out", "partner_distance", "metrics_url",
     "dashboard_url", "reachability", "reachability_reason", "connections", "relayed_via", "relays", "hole_punched",
     "relayed_bytes", "joined", "alone_reason", "bootstrap", "bytes_per_merge", "model_bytes",
-    "trio_tasks",
+    "trio_tasks", "trio_task_names",
 }  # fmt: skip
 
 
@@ -124,6 +124,23 @@ def test_trio_tasks_counts_the_live_tasks_of_the_calling_trio_run() -> None:
     before, during = trio.run(main)
     assert before is not None and during == before + 3
     assert current_trio_tasks() is None  # outside a Trio run
+
+
+def test_trio_task_names_counts_the_tasks_of_the_calling_trio_run_by_name() -> None:
+    import trio
+
+    async def main() -> tuple[dict[str, int], int | None]:
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(trio.sleep_forever)
+            await trio.lowlevel.checkpoint()
+            names, living = current_trio_task_names(), current_trio_tasks()
+            nursery.cancel_scope.cancel()
+        return names, living
+
+    names, living = trio.run(main)
+    assert names["trio.sleep_forever"] == 3 and sum(names.values()) == living  # every living task, Trio's own too
+    assert current_trio_task_names() == {}  # outside a Trio run
 
 
 def test_a_status_without_trio_tasks_reads_back_as_none() -> None:

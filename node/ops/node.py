@@ -50,7 +50,7 @@ from murmur.node.ops.dashboard import (
 from murmur.node.ops.data_dir import DataDirLock, append_line, write_atomic
 from murmur.node.ops.logs import exit_summary, progress_line
 from murmur.node.ops.metrics import CountingTransport, NodeMetrics, Traffic
-from murmur.node.ops.node_status import NetworkStatus, NodeStatus, current_trio_tasks
+from murmur.node.ops.node_status import NetworkStatus, NodeStatus, current_trio_task_names, current_trio_tasks
 from murmur.node.ops.status import STATUS_FILE
 from murmur.node.ops.tracking import Tracking, open_writers
 from murmur.protocol.messages import PeerSummary
@@ -371,6 +371,7 @@ class Node:
             dashboard_url=self.dashboard_url, network=NetworkStatus(**self._network_info()),
             joined=bool(self.table.members), alone_reason=self.membership.alone_reason(self.config.bootstrap),
             bootstrap=dict(self.membership.join_results), trio_tasks=current_trio_tasks(),
+            trio_task_names=current_trio_task_names(),
         )  # fmt: skip
 
     def summary(self) -> PeerSummary:

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import types
 import typing
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -85,6 +86,7 @@ class NodeStatus:
     bytes_per_merge: float | None = None  # parameter bytes sent per recent merged exchange
     model_bytes: int = 0  # the exchanged tensors' size in float32: what a merge sends uncompressed (0: not stated)
     trio_tasks: int | None = None  # tasks alive in the node's Trio run (None: not stated, or not on Trio)
+    trio_task_names: Mapping[str, int] = field(default_factory=dict)  # the commonest of them, by name: what grows
 
     def to_dict(self) -> dict[str, Any]:
         """The status.json document as a dict (`to_json`'s content); floats may be NaN."""
@@ -123,6 +125,22 @@ def current_trio_tasks() -> int | None:
         return trio.lowlevel.current_statistics().tasks_living
     except RuntimeError:  # not inside trio.run: a user's thread, or another backend
         return None
+
+
+def current_trio_task_names(top: int = 12) -> dict[str, int]:
+    """The `top` commonest task names in the calling thread's Trio run, with their counts; {} outside a Trio run."""
+    import trio
+
+    try:
+        pending = [trio.lowlevel.current_root_task()]
+    except RuntimeError:
+        return {}
+    names: Counter[str] = Counter()
+    while pending:  # the task tree: each task's nurseries hold its children
+        task = pending.pop()
+        names[task.name] += 1
+        pending.extend(child for nursery in task.child_nurseries for child in nursery.child_tasks)
+    return dict(names.most_common(top))
 
 
 def _plain(value: Any) -> Any:
