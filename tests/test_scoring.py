@@ -74,6 +74,16 @@ def test_trust_scores_a_new_peer_always_and_a_proven_one_less_but_never_never() 
     assert sum(trust.should_score("p", random.Random(i)) for i in range(1000)) in range(150, 250)
 
 
+def test_a_pass_that_raises_the_held_loss_earns_no_trust() -> None:
+    trust = Trust(ramp=1.0, min_rate=0.1)
+    worse = Score(1.0, 1.005, True, "scored: held loss +0.5%")  # within the tolerance: merged, but no evidence of help
+    for _ in range(10):
+        trust.record("p", worse)
+    assert trust.rate("p") == 1.0 and trust.failures == {}
+    trust.record("p", PASS)
+    assert trust.rate("p") == 0.5
+
+
 def test_one_failure_wipes_a_peers_record_and_refuses_its_next_merges_unscored() -> None:
     trust = Trust(ramp=4.0, min_rate=0.2, probation=2)
     for _ in range(50):

@@ -1,5 +1,6 @@
 """A partner that offers an exchange and then trickles its bytes holds the victim's exchange slot and
 buffers no longer than the exchange timeout; the victim then exchanges with an honest peer at once.
+A peer the victim merged with before takes the slot as soon as the trickler falls behind.
 
 Simulated time and peers as in `test_averager.py` (`averager_harness`), for both exchange protocols
 (whole models and compressed deltas); `lab/trickle.py` measures a real victim's memory under attack.
@@ -15,7 +16,7 @@ import pytest
 import trio.testing
 from averager_harness import TIMEOUT, Peer, make_peer, running, settled
 
-from murmur.node.averaging.averager import AVERAGE_PROTOCOL
+from murmur.node.averaging.averager import AVERAGE_PROTOCOL, PREEMPT_GRACE
 from murmur.node.averaging.delta_gossip import GOSSIP_PROTOCOL
 from murmur.node.averaging.outcome import Result
 from murmur.node.learn.deltas import Compression
@@ -110,3 +111,32 @@ async def test_a_trickling_partner_loses_the_slot_and_its_buffers_at_the_timeout
         assert [r for r in held if r() is not None] == []  # freed as the exchange ended, with no collection needed
         merged = await honest.averager.exchange_with(victim.id, victim.transport.addresses())
         assert merged.result == Result.MERGED, merged.reason
+
+
+@pytest.mark.parametrize("protocol", [AVERAGE_PROTOCOL, GOSSIP_PROTOCOL], ids=["models", "deltas"])
+async def test_a_peer_with_a_record_takes_the_slot_from_a_trickler_that_fell_behind(protocol: str) -> None:
+    net = MemoryNetwork()
+    compression = Compression(1.0, 8) if protocol == GOSSIP_PROTOCOL else None
+    names = ("victim", "honest", "stranger")
+    victim, honest, stranger = (make_peer(net, name, i, compression=compression) for i, name in enumerate(names))
+    victim.know(honest, stranger)
+    trickler = net.transport("trickler")
+    async with running(victim, honest, stranger), trickler.run():
+        for peer in (victim, honest, stranger):
+            peer.steps(1)
+        first = await honest.averager.exchange_with(victim.id, victim.transport.addresses())
+        assert first.result == Result.MERGED, first.reason  # now honest has a record with the victim
+        await settled(victim)
+        honest.steps(1)
+        accepted = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_trickle, victim, trickler, protocol, accepted)
+            await accepted.wait()
+            await anyio.sleep(PREEMPT_GRACE * TIMEOUT + 0.1)  # the trickler is behind, well before its timeout
+            busy = await stranger.averager.exchange_with(victim.id, victim.transport.addresses())
+            assert (busy.result, busy.reason) == (Result.BUSY, "already in an exchange")  # strangers never preempt
+            merged = await honest.averager.exchange_with(victim.id, victim.transport.addresses())
+            assert merged.result == Result.MERGED, merged.reason
+        preempted = next(o for o in victim.averager.recent if o.partner == trickler.peer_id)
+        assert preempted.result == Result.FAILED and preempted.reason.startswith("preempted by honest: ")
+        assert preempted.duration_s < TIMEOUT / 2

@@ -4,7 +4,7 @@ An exchange is initiator → Offer (with the wire dtype), responder → Accept |
 Refuse, then both stream their models at once (Params + Chunks each way), then each
 checks the other's and commits, responder first; both then add the same merge delta
 to their live models. A peer already in an exchange answers Busy at once, so two
-peers that pick each other both move on. Any error, timeout or vanished partner
+peers that pick each other both move on, unless that exchange fell behind (`slot.py`). Any error, timeout or vanished partner
 before the merge leaves the local model untouched; every failure returns its reason.
 """
 
@@ -15,7 +15,7 @@ import functools
 import logging
 import random
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -23,6 +23,7 @@ import anyio
 
 from murmur.node.averaging import params
 from murmur.node.averaging.outcome import Outcome, Result
+from murmur.node.averaging.slot import ExchangeSlot, MeteredStream, Progress
 from murmur.node.averaging.state_sync import StateSync
 from murmur.node.learn.replica import MergeRefused, Replica, Snapshot
 from murmur.node.learn.rules import MixDecision
@@ -42,6 +43,7 @@ from murmur.protocol.messages import Abort, Accept, Busy, Commit, Offer, Refuse
 
 AVERAGE_PROTOCOL = "/murmur/average/2.0.0"
 LINK_OVERHEAD = 1.25  # a transfer's time over its payload's at the link's rated speed, at most
+PREEMPT_GRACE = 0.2  # the share of --exchange-timeout a partner may keep this node waiting for nothing, and keep its slot
 # What `--exchange-share` limits: the CPU time exchanges spend, or their whole duration.
 SHARE_OF = ("cpu", "wall")
 log = logging.getLogger("murmur.averager")
@@ -64,11 +66,22 @@ class _Attempt:
     peer_id: str
     start: float
     cpu_start: float
-    stream: ByteStream | None = None
+    progress: Progress  # what the partner sent, and how long it kept us waiting
+    stream: MeteredStream | None = None
     sent: int = 0
     worker_cpu_s: float = 0.0
     allowed_s: float = 0.0  # the time the exchange may take, so far
     scope: anyio.CancelScope | None = None  # its deadline
+    preempted: str | None = None  # why another partner took this exchange's place
+
+    def attach(self, stream: ByteStream) -> None:
+        self.stream = MeteredStream(stream, self.progress)
+
+    def preempt(self, reason: str) -> None:
+        """End the exchange now (not once its partner committed: the merge is shielded), with `reason`."""
+        self.preempted = reason
+        if self.scope is not None:
+            self.scope.cancel()
 
     def extend(self, seconds: float) -> None:
         """Give the exchange `seconds` more (a transfer announced after it started); too late once it timed out."""
@@ -121,7 +134,7 @@ class Averager:
         self.rng = rng
         self.wire_dtype = check_wire_dtype(wire_dtype)  # what this node proposes when it initiates
         self.runtime = runtime
-        self.in_exchange = False
+        self.slot = ExchangeSlot(min_link_mbit * 1e6 / 8 / LINK_OVERHEAD, PREEMPT_GRACE * exchange_timeout)
         self.outcomes: Counter[Result] = Counter()
         self.recent: deque[Outcome] = deque(maxlen=32)
         self.bytes_sent = 0
@@ -136,6 +149,10 @@ class Averager:
         self._created = runtime.monotonic()
         self.state_sync = StateSync(transport, replica, table, identity, rng=rng, timeout_s=self.timeout_s,
                                     max_params=self._max_params, runtime=runtime)
+
+    @property
+    def in_exchange(self) -> bool:
+        return self.slot.busy
 
     def local_rate(self) -> float:
         """This peer's own samples/s since start: the yardstick for partners' claims."""
@@ -182,18 +199,16 @@ class Averager:
         """Run one exchange as initiator; return how it ended (never raises, but cancels)."""
         if self.in_exchange:
             return Outcome(Result.BUSY, peer_id, "this node is already in an exchange")
-        self.in_exchange = True
-        try:
-            return await self._attempt(self._begin(peer_id), self._initiate, addrs)
-        finally:
-            self.in_exchange = False
+        attempt = self._begin(peer_id)
+        with self.slot.hold(attempt):
+            return await self._attempt(attempt, self._initiate, addrs)
 
     async def serve_exchange(self, stream: ByteStream) -> None:
         """Answer one inbound exchange (the `/murmur/average` stream handler)."""
         await self._attempt(self._begin(stream.remote_peer, stream), self._respond)
 
     async def _initiate(self, attempt: _Attempt, addrs: list[str]) -> Outcome:
-        attempt.stream = await self.transport.open_stream(attempt.peer_id, addrs, self.protocol)
+        attempt.attach(await self.transport.open_stream(attempt.peer_id, addrs, self.protocol))
         conv = Conversation(attempt.stream, Exchange(Role.INITIATOR, AVERAGE, max_params_bytes=self._max_params))
         snapshot = await self._compute(attempt, self.replica.snapshot, self.wire_dtype)
         fresh = self._stated_fresh(snapshot)
@@ -233,21 +248,18 @@ class Averager:
         self, conv: Conversation, attempt: _Attempt, mismatch: str | None, body: Callable[[], Awaitable[Outcome]]
     ) -> Outcome | None:
         """Refuse a partner of another run or model (`mismatch`), answer Busy while this node is in an
-        exchange (None: the initiator records it and tries someone else), else run `body` as this
-        node's one exchange."""
+        exchange that may go on (None: the initiator records it and tries someone else), else run `body`
+        as this node's one exchange."""
         if mismatch:
             await conv.send(Refuse(mismatch))
             await conv.stream.close()
             return attempt.outcome(Result.REFUSED, mismatch, self.runtime)
-        if self.in_exchange:
+        if not await self.slot.free_for(attempt.peer_id, self.table.has_record(attempt.peer_id)):
             await conv.send(Busy("already in an exchange"))
             await conv.stream.close()
             return None
-        self.in_exchange = True
-        try:
+        with self.slot.hold(attempt):
             return await body()
-        finally:
-            self.in_exchange = False
 
     def _stated_fresh(self, snapshot: Snapshot) -> float | None:
         """The fresh work this side states in its Offer or Accept: only for a rule that uses it."""
@@ -257,7 +269,7 @@ class Averager:
 
     async def _merge(self, conv: Conversation, attempt: _Attempt, snapshot: Snapshot, claimed: _Claimed, *, initiator: bool) -> Outcome:
         """Swap models, vet the partner's, commit (responder first) and apply the rule's merge."""
-        with self._swapping_with(attempt.peer_id):
+        with self.table.swapping_with(attempt.peer_id):
             try:
                 remote = await self._swap(conv, attempt, snapshot.state)
             except ProtocolError as exc:
@@ -298,7 +310,9 @@ class Averager:
         try:
             with anyio.fail_after(self.timeout_s) as attempt.scope:
                 outcome = await body(attempt, *args)
-            return self._record(outcome) if outcome else Outcome(Result.BUSY, attempt.peer_id, "answered busy")
+                return self._record(outcome) if outcome else Outcome(Result.BUSY, attempt.peer_id, "answered busy")
+            assert attempt.preempted is not None  # only a preemption cancels the scope before its deadline
+            reason = attempt.preempted
         except TimeoutError:
             reason = f"timed out after {attempt.allowed_s:.3g}s"
         except ProtocolError as exc:
@@ -314,17 +328,6 @@ class Averager:
         if attempt.stream is not None:
             await attempt.stream.reset()
         return self._record(attempt.outcome(Result.FAILED, reason, self.runtime))
-
-    @contextlib.contextmanager
-    def _swapping_with(self, peer_id: str) -> Iterator[None]:
-        """Hold `peer_id` a member while its model arrives (see `PeerTable.exchanging`)."""
-        self.table.exchanging[peer_id] += 1
-        try:
-            yield
-        finally:
-            self.table.exchanging[peer_id] -= 1
-            if not self.table.exchanging[peer_id]:
-                del self.table.exchanging[peer_id]
 
     async def _offence(self, peer_id: str, reason: str) -> None:
         """Strike `peer_id`; once banned, forget it and hang up."""
@@ -376,7 +379,10 @@ class Averager:
         return received
 
     def _begin(self, peer_id: str, stream: ByteStream | None = None) -> _Attempt:
-        return _Attempt(peer_id, self.runtime.monotonic(), self.runtime.cpu_time(), stream)
+        attempt = _Attempt(peer_id, self.runtime.monotonic(), self.runtime.cpu_time(), Progress(self.runtime.monotonic))
+        if stream is not None:
+            attempt.attach(stream)
+        return attempt
 
     async def _compute(self, attempt: _Attempt, func: Callable[..., T], *args: Any) -> T:
         """`func(*args)` off the event loop (`Runtime.run_sync`), its CPU time counted as `attempt`'s."""

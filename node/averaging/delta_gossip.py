@@ -94,7 +94,7 @@ class DeltaGossiper(Averager):
         self.timeout_s = self._exchange_timeout
 
     async def _initiate(self, attempt: _Attempt, addrs: list[str]) -> Outcome:
-        attempt.stream = await self.transport.open_stream(attempt.peer_id, addrs, self.protocol)
+        attempt.attach(await self.transport.open_stream(attempt.peer_id, addrs, self.protocol))
         conv = Conversation(attempt.stream, Exchange(Role.INITIATOR, GOSSIP, max_params_bytes=self._max_delta))
         ours = await self._digest(attempt)
         await conv.send(ours)
@@ -167,7 +167,7 @@ class DeltaGossiper(Averager):
 
         received = 0
         error: Exception | None = None
-        with self._swapping_with(attempt.peer_id):
+        with self.table.swapping_with(attempt.peer_id):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(send)
                 try:

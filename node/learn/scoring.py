@@ -7,8 +7,8 @@ by more than a tolerance is refused, with the figure as its reason (Templar's Ga
 scores contributions the same way, by the loss they remove on the validator's data).
 
 Scoring costs forward passes, so `Trust` decides which merges to score: every merge
-with a peer it has no record of, then, as the peer's merges keep passing, a share that
-falls slowly to `min_rate`. A failed score resets that peer's record, so a peer that
+with a peer it has no record of, then, as the peer's merges keep lowering the held loss,
+a share that falls slowly to `min_rate`. A failed score resets that peer's record, so a peer that
 behaves until trusted and then attacks is scored on every merge again at once.
 """
 
@@ -54,8 +54,11 @@ class Trust:
     """A peer's record of scored merges: which of its merges to score, and whether its models show training.
 
     A peer with `n` passes since its last failure is scored with probability
-    max(`min_rate`, `ramp` / (`ramp` + `n`)): trust grows slowly and never to blind. A
-    failure puts the peer on probation: its next `probation` merges are refused unscored.
+    max(`min_rate`, `ramp` / (`ramp` + `n`)): trust grows slowly and never to blind. Only a
+    pass that did not raise the held loss counts: a merge that raises it within the
+    tolerance is allowed, but earns no trust, so a peer whose models only just pass (the
+    dissensus attack, a free-rider's stale echo) is scored on every merge. A failure puts
+    the peer on probation: its next `probation` merges are refused unscored.
     Work earns credit only with evidence of training: once a peer has `min_evidence` recent
     scores (of the last `window`), their mean change of our held loss must be at most
     `max_mean_change`; a peer whose models add loss on average (a free-rider echoing stale
@@ -89,10 +92,12 @@ class Trust:
         return f"on probation after a failed score ({left - 1} more merges refused)"
 
     def record(self, peer_id: str, score: Score) -> None:
-        """Count a scored merge: a pass adds to the peer's record, a failure wipes it and starts a probation."""
+        """Count a scored merge: a pass that did not raise the held loss adds to the peer's record, a failure
+        wipes it and starts a probation."""
         self.changes.setdefault(peer_id, deque(maxlen=self.window)).append(score.change)
         if score.passed:
-            self.passes[peer_id] = self.passes.get(peer_id, 0) + 1
+            if score.change <= 0.0:
+                self.passes[peer_id] = self.passes.get(peer_id, 0) + 1
         else:
             self.passes[peer_id] = 0
             self.failures[peer_id] = self.failures.get(peer_id, 0) + 1

@@ -14,8 +14,10 @@ sample of it (fed by the peers rumoured in hellos) instead of a full list.
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from murmur.node.net.partners import PartnerChoice, UniformPartners
@@ -85,6 +87,22 @@ class PeerTable:
         if addrs:
             entry.addrs = list(addrs)
         return False
+
+    @contextlib.contextmanager
+    def swapping_with(self, peer_id: str) -> Iterator[None]:
+        """Hold `peer_id` a member while its model arrives (see `exchanging`)."""
+        self.exchanging[peer_id] += 1
+        try:
+            yield
+        finally:
+            self.exchanging[peer_id] -= 1
+            if not self.exchanging[peer_id]:
+                del self.exchanging[peer_id]
+
+    def has_record(self, peer_id: str) -> bool:
+        """Whether `peer_id` is a member that completed an exchange with this node."""
+        entry = self.members.get(peer_id)
+        return entry is not None and entry.exchanges > 0
 
     def record_exchange(self, peer_id: str, nbytes: int, seconds: float, now: float) -> None:
         """A member completed an exchange of `nbytes` (each way) in `seconds`: it is alive, and its link that fast.
