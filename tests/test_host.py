@@ -113,3 +113,26 @@ async def test_a_write_cancelled_on_its_way_to_the_socket_still_goes_out_whole()
             while b"".join(received) != b"first second third!":
                 await anyio.sleep(0.02)
         assert len(a.host.get_network().get_connections(ID.from_base58(b.peer_id))) == 1
+
+
+async def test_an_inbound_connection_leaves_no_task_and_no_inbound_slot_once_it_closed() -> None:
+    from murmur.node.ops.node_status import current_trio_task_names
+
+    def handlers() -> int:  # tasks serving an inbound TCP connection (the clients only dial out)
+        return current_trio_task_names(top=100).get("trio._highlevel_serve_listeners._run_handler", 0)
+
+    node = Libp2pTransport(create_new_key_pair())
+    async with node.run(["/ip4/127.0.0.1/tcp/0"]):
+        swarm = node.host.get_network()
+        info = PeerInfo(ID.from_base58(node.peer_id), [multiaddr.Multiaddr(node.addresses()[0].split("/p2p/")[0])])
+        for _ in range(5):  # each a new peer: connects, then hangs up
+            client = Libp2pTransport(create_new_key_pair())
+            async with client.run(["/ip4/127.0.0.1/tcp/0"]):
+                with anyio.fail_after(20):
+                    await client.host.connect(info)
+                assert swarm._inbound_limiter.borrowed_tokens >= 1 and handlers() >= 1
+                await client.hang_up(node.peer_id)
+        with anyio.fail_after(20):  # the node notices each hang-up after a round trip
+            while swarm._inbound_limiter.borrowed_tokens or swarm.get_connections():
+                await anyio.sleep(0.05)
+        assert handlers() == 0

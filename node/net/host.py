@@ -6,12 +6,14 @@ Noise alone, so an unencrypted or secio dial fails during negotiation.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextvars
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import multiaddr
 import trio
 from libp2p import new_host
-from libp2p.abc import IRawConnection, ISecureConn
+from libp2p.abc import IMuxedConn, INetworkService, IRawConnection, ISecureConn
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
 from libp2p.host.basic_host import BasicHost
@@ -83,4 +85,47 @@ def build_host(
         addrs_factory=addrs_factory,
     )
     assert isinstance(host, BasicHost)
+    _end_inbound_handlers_with_their_connection(host.get_network())
     return host
+
+
+# The raw stream an inbound handler task serves. Tasks it starts inherit the value, hence the identity check.
+_serving_inbound: contextvars.ContextVar[object] = contextvars.ContextVar("murmur_serving_inbound", default=None)
+
+
+class InboundConnectionClosed(Exception):
+    """An inbound connection's handler ends with this once the connection closed (see below)."""
+
+
+def _end_inbound_handlers_with_their_connection(swarm: INetworkService) -> None:
+    """End each inbound connection's handler task when that connection closes.
+
+    py-libp2p keeps the task, and its token of the inbound cap (`max_connections`), until the
+    whole swarm stops: a long-lived node would gather one task per inbound connection it ever
+    accepted and, after `max_connections` of them, refuse every inbound connection. Here the
+    upgrade, when the inbound handler calls it, returns only once the connection closed (or
+    the swarm stopped), by raising: the handler then ends as after a failed upgrade. Other
+    callers of the upgrade (hole punching, relays) get the connection back at once.
+    """
+    handle, upgrade = swarm._do_handle_inbound_connection, swarm.upgrade_inbound_raw_conn  # type: ignore[attr-defined]
+
+    async def handle_inbound(read_write_closer: Any, *args: Any) -> None:
+        _serving_inbound.set(read_write_closer)  # in this handler task's own context only
+        await handle(read_write_closer, *args)
+
+    async def upgrade_inbound(raw_conn: IRawConnection, maddr: multiaddr.Multiaddr) -> IMuxedConn:
+        muxed = await upgrade(raw_conn, maddr)
+        if getattr(raw_conn, "stream", None) is not _serving_inbound.get():
+            return muxed
+        async with trio.open_nursery() as nursery:  # until the connection closes or, as before, the swarm stops
+            for wait in (muxed.event_closed.wait, swarm.manager.wait_finished):  # type: ignore[attr-defined]
+                nursery.start_soon(_cancel_after, wait, nursery.cancel_scope)
+        raise InboundConnectionClosed(f"inbound connection from {muxed.peer_id} closed")
+
+    swarm._do_handle_inbound_connection = handle_inbound  # type: ignore[attr-defined]
+    swarm.upgrade_inbound_raw_conn = upgrade_inbound  # type: ignore[method-assign]
+
+
+async def _cancel_after(wait: Callable[[], Awaitable[Any]], scope: trio.CancelScope) -> None:
+    await wait()
+    scope.cancel()
