@@ -263,7 +263,9 @@ class NodeConfig:
                                            "codec, merging; waiting on a slow link is free), or wall, their whole duration",
                                     choices=_share_of_names)
     exchange_timeout: float = option(10.0, "give up an exchange or state sync after this long, plus 1.25× the model's "
-                                           "transfer time at --min-link-mbit", metavar="SECONDS")
+                                           "transfer time at --min-link-mbit; a partner that keeps this node waiting a "
+                                           "fifth of it longer than its bytes justify gives way to one it merged with "
+                                           "before", metavar="SECONDS")
     min_link_mbit: float = option(5.0, "the slowest link an exchange is given time for (see --exchange-timeout)",
                                   parse=_positive_float, metavar="MBIT")
     partners: str = option("uniform", "how to pick exchange partners: uniform (any live peer)", choices=_partner_names)
