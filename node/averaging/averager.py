@@ -4,8 +4,9 @@ An exchange is initiator → Offer (with the wire dtype), responder → Accept |
 Refuse, then both stream their models at once (Params + Chunks each way), then each
 checks the other's and commits, responder first; both then add the same merge delta
 to their live models. A peer already in an exchange answers Busy at once, so two
-peers that pick each other both move on, unless that exchange fell behind (`slot.py`). Any error, timeout or vanished partner
-before the merge leaves the local model untouched; every failure returns its reason.
+peers that pick each other both move on (unless that exchange fell behind: `slot.py`).
+Any error, timeout or vanished partner before the merge leaves the local model
+untouched; every failure returns its reason.
 """
 
 from __future__ import annotations
