@@ -9,7 +9,7 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 # The entry-point check also catches a virtualenv made before node/ moved under murmur.node.
-if ! .venv/bin/python -c "import murmur.node.cli, torch, libp2p, pytest, hypothesis, prometheus_client, dockerfile_parse, transformers, lightning, matplotlib, tensorboard, wandb
+if ! .venv/bin/python -c "import murmur.node.cli, torch, libp2p, pytest, xdist, hypothesis, prometheus_client, dockerfile_parse, transformers, lightning, matplotlib, tensorboard, wandb
 from importlib.metadata import distribution, entry_points
 distribution('murmur-gossip')  # an older .venv holds this project under the name 'murmur'
 (ep,) = entry_points(group='console_scripts', name='murmur'); assert ep.value == 'murmur.node.cli:entry'" 2>/dev/null; then

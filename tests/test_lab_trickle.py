@@ -46,7 +46,7 @@ def test_the_summary_splits_the_run_into_before_attack_and_after() -> None:
 
 
 @pytest.mark.slow
-def test_a_short_attack_is_cut_off_by_the_victims_timeout(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_a_short_attack_is_cut_off_by_the_victim(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     argv = [
         "--task",
         "digits",
@@ -65,5 +65,6 @@ def test_a_short_attack_is_cut_off_by_the_victims_timeout(tmp_path: Path, capsys
     run = json.loads((tmp_path / "trickle.json").read_text())
     ended = run["summary"]["victim_ended_trickles"]
     assert run["summary"]["holds_cut_by_victim"] >= 1, run["holds"]
-    assert any(reason.startswith("failed: timed out after 1") for reason in ended), ended
+    # At the timeout, or sooner once the honest peer, which merged with the victim before, asks.
+    assert any(reason.startswith(("failed: timed out after 1", "failed: preempted by ")) for reason in ended), ended
     assert "slot_held_share_during_attack:" in capsys.readouterr().out
