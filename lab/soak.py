@@ -249,7 +249,8 @@ class Soak:
             status = life.peer.status()
             if status is not None and status.pid == life.peer.process.pid:
                 loss = status.eval.get("loss")
-                row.update(phase=status.phase, samples=status.samples, trio_tasks=status.trio_tasks, trio_task_names=status.trio_task_names, loss=loss,
+                row.update(phase=status.phase, samples=status.samples, trio_tasks=status.trio_tasks,
+                           trio_task_names=status.trio_task_names, loss=loss,
                            merges=status.exchanges.get("merged", 0), known_peers=status.known_peers)  # fmt: skip
                 if loss is not None and status.phase == "training":
                     losses.append(loss)
