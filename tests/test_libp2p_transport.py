@@ -125,3 +125,22 @@ async def test_a_bootstrap_with_another_peer_id_or_a_closed_port_gets_a_short_sp
         # A retry too: py-libp2p's negative cache must not hide the real reason.
         assert await greeter.greet(absent_id, [closed]) == "unreachable: connection refused"
         assert await greeter.greet(node.peer_id, node.listen_addresses()) == "ok"
+
+
+async def test_a_closed_connection_not_yet_cleaned_up_is_redialed_not_a_failed_stream() -> None:
+    """py-libp2p lists a closed connection until its cleanup runs (a relay that died carrying it, say);
+    a stream opened meanwhile must dial afresh rather than fail on the corpse."""
+    loopback = ["/ip4/127.0.0.1/tcp/0"]
+    a, b = Libp2pTransport(create_new_key_pair()), Libp2pTransport(create_new_key_pair())
+    member(b)
+    async with a.run(loopback), b.run(loopback):
+        with anyio.fail_after(20):
+            b_id = ID.from_base58(b.peer_id)
+            await (await a.open_stream(b.peer_id, b.addresses(), PEERS_PROTOCOL)).close()
+            (corpse,) = a.host.get_network().get_connections(b_id)
+            await a.hang_up(b.peer_id)
+            assert corpse.is_closed
+            a.host.get_network().connections[b_id] = [corpse]  # as if its cleanup had not run yet
+            stream = await a.open_stream(b.peer_id, b.addresses(), PEERS_PROTOCOL)
+            await stream.close()
+            assert any(not conn.is_closed for conn in a.host.get_network().get_connections(b_id))

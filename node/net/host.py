@@ -93,6 +93,22 @@ def build_host(
 _serving_inbound: contextvars.ContextVar[object] = contextvars.ContextVar("murmur_serving_inbound", default=None)
 
 
+def has_open_connection(host: BasicHost, peer: ID) -> bool:
+    """Whether `host` holds an open connection to `peer`; forgets the closed ones it still lists.
+
+    py-libp2p lists a closed connection until its close completes, which over a dead relay can take
+    seconds, and meanwhile neither opens a stream on it nor dials afresh.
+    """
+    swarm = host.get_network()
+    is_open = False
+    for conn in swarm.get_connections(peer):
+        if conn.is_closed:
+            swarm.remove_conn(conn)  # what its close ends with; removing twice is harmless
+        else:
+            is_open = True
+    return is_open
+
+
 class InboundConnectionClosed(Exception):
     """An inbound connection's handler ends with this once the connection closed (see below)."""
 

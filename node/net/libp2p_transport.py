@@ -27,7 +27,7 @@ from murmur.node.net.autonat import UNKNOWN, AutoNatClient, AutoNatServer
 from murmur.node.net.autorelay import RelayFinder
 from murmur.node.net.dial_failure import dial_failure
 from murmur.node.net.holepunch import HolePuncher, connection_kinds
-from murmur.node.net.host import build_host
+from murmur.node.net.host import build_host, has_open_connection
 from murmur.node.net.relay import CircuitRelay, RelayError, is_circuit
 from murmur.node.net.transport import READ_CHUNK, ByteStream, CannotListen, StreamHandler, Transport, TransportError
 
@@ -222,7 +222,7 @@ class Libp2pTransport(Transport):
     async def open_stream(self, peer_id: str, addrs: Sequence[str], protocol: str) -> ByteStream:
         try:
             pid = ID.from_base58(peer_id)
-            if pid not in self.host.get_connected_peers():
+            if not has_open_connection(self.host, pid):
                 # Murmur paces redials itself (`PeerTable`'s backoff): py-libp2p's 60 s negative cache
                 # would otherwise turn a bootstrap's retry into an instant "recently failed" error.
                 self.host.get_network().unblock_peer(pid)

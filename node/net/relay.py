@@ -37,6 +37,8 @@ from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 from libp2p.relay.circuit_v2.utils import read_delimited_msg, write_delimited_msg
 from libp2p.tools.anyio_service import background_trio_service
 
+from murmur.node.net.host import has_open_connection
+
 log = logging.getLogger("murmur.relay")
 
 # A full relay for Murmur's traffic, not go-libp2p's 2-minute/128-KiB "limited" relay
@@ -230,7 +232,7 @@ class CircuitRelay:
 
     async def _connect(self, relay_id: str, transport_addr: str) -> ID:
         pid = ID.from_base58(relay_id)
-        if pid not in self.host.get_connected_peers():
+        if not has_open_connection(self.host, pid):
             await self.host.connect(PeerInfo(pid, [multiaddr.Multiaddr(transport_addr)]))
         return pid
 
@@ -301,9 +303,9 @@ class CircuitRelay:
                 # Refresh well before expiry, and at once if the relay connection drops
                 # (a relay holds a reservation only while its peer stays connected).
                 refresh_at = time.time() + min(REFRESH_EVERY, max(1.0, (expires - time.time()) / 2))
-                while time.time() < refresh_at and pid in self.host.get_connected_peers():
+                while time.time() < refresh_at and has_open_connection(self.host, pid):
                     await anyio.sleep(1.0)
-                if pid not in self.host.get_connected_peers():
+                if not has_open_connection(self.host, pid):
                     self._reserved.pop(relay, None)
                     log.warning("lost the connection to relay %s; reserving again", relay)
             expires = await self._try_reserve(relay)
