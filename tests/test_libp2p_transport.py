@@ -11,6 +11,7 @@ import anyio
 import multiaddr
 import pytest
 from anyio.abc import ByteStream, SocketAttribute
+from libp2p.abc import INetConn
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.identity.identify.identify import ID as IDENTIFY
 from libp2p.identity.identify.identify import parse_identify_response
@@ -144,3 +145,28 @@ async def test_a_closed_connection_not_yet_cleaned_up_is_redialed_not_a_failed_s
             stream = await a.open_stream(b.peer_id, b.addresses(), PEERS_PROTOCOL)
             await stream.close()
             assert any(not conn.is_closed for conn in a.host.get_network().get_connections(b_id))
+
+
+async def test_a_redial_dials_the_addresses_given_not_the_wildcard_identify_reported() -> None:
+    """Identify reports a peer's listen address as bound (`/ip4/0.0.0.0/...`); dialing that would reach
+    this machine itself, so a redial dials the addresses the caller knows and nothing else."""
+    a, b = Libp2pTransport(create_new_key_pair()), Libp2pTransport(create_new_key_pair())
+    member(b)
+    async with a.run(["/ip4/127.0.0.1/tcp/0"]), b.run(["/ip4/0.0.0.0/tcp/0"]):
+        with anyio.fail_after(20):
+            b_id, known = ID.from_base58(b.peer_id), b.listen_addresses()[:1]
+            swarm, peerstore = a.host.get_network(), a.host.get_peerstore()
+            await (await a.open_stream(b.peer_id, known, PEERS_PROTOCOL)).close()
+            while not any("/ip4/0.0.0.0/" in str(addr) for addr in peerstore.addrs(b_id)):
+                await anyio.sleep(0.05)  # identify has run
+            await a.hang_up(b.peer_id)
+            dialed: list[list[str]] = []
+            dial_peer = swarm.dial_peer
+
+            async def recording_dial_peer(peer: ID) -> list[INetConn]:
+                dialed.append([f"{addr}/p2p/{b.peer_id}" for addr in peerstore.addrs(peer)])
+                return await dial_peer(peer)
+
+            swarm.dial_peer = recording_dial_peer
+            await (await a.open_stream(b.peer_id, known, PEERS_PROTOCOL)).close()
+            assert dialed == [known]

@@ -235,6 +235,9 @@ class Libp2pTransport(Transport):
 
     async def _connect(self, pid: ID, addrs: Sequence[str]) -> None:
         """Dial directly first, then through each relay of a `/p2p-circuit` address; raise if all fail."""
+        # py-libp2p dials every address in its peerstore, where identify leaves the peer's unexpanded
+        # listen address (/ip4/0.0.0.0/...): dialing that reaches this machine, often this very node.
+        self.host.get_peerstore().clear_addrs(pid)
         direct = [a for a in addrs if not is_circuit(a)]
         circuits = [a for a in addrs if is_circuit(a)]
         if not circuits:
