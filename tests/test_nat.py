@@ -59,7 +59,7 @@ def test_unpunchable_nat_falls_back_to_the_relay_and_survives_losing_it(tmp_path
                          "two relay reservations each", 150)
         swarm.wait_until(lambda: sum(r == Result.MERGED for r, _ in swarm.exchanges("a", "b")) >= 3,
                          "three a-b exchanges", 90)
-        assert _connection(swarm, "a", "b") == "relayed"
+        assert _connection(swarm, "a", "b") == "relayed", swarm.network("a").connections
         assert (Result.MERGED, "direct") not in swarm.exchanges("a", "b")
         victim_id = swarm.network("a").relayed_via[swarm.peer_id("b")]  # the relay carrying a-b
         victim = next(name for name in swarm.public if swarm.peer_id(name) == victim_id)
@@ -77,7 +77,7 @@ def test_unpunchable_nat_falls_back_to_the_relay_and_survives_losing_it(tmp_path
             return len(relays) == 2 and not any(victim_id in r for r in relays)
 
         swarm.wait_until(lambda: re_reserved("a") and re_reserved("b"), "two live reservations each again", 60)
-        assert _connection(swarm, "a", "b") == "relayed"
+        assert _connection(swarm, "a", "b") == "relayed", swarm.network("a").connections
     assert not any(p.alive() for p in swarm.peers.values())
 
 

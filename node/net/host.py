@@ -94,19 +94,26 @@ _serving_inbound: contextvars.ContextVar[object] = contextvars.ContextVar("murmu
 
 
 def has_open_connection(host: BasicHost, peer: ID) -> bool:
-    """Whether `host` holds an open connection to `peer`; forgets the closed ones it still lists.
+    """Whether `host` holds an open connection to `peer`; forgets the dead ones it still lists.
 
-    py-libp2p lists a closed connection until its close completes, which over a dead relay can take
-    seconds, and meanwhile neither opens a stream on it nor dials afresh.
+    py-libp2p lists a connection until its close completes, which over a dead relay can take seconds,
+    and meanwhile opens streams on it that fail at once, and dials no new one.
     """
     swarm = host.get_network()
     is_open = False
     for conn in swarm.get_connections(peer):
-        if conn.is_closed:
+        if _is_dead(conn):
             swarm.remove_conn(conn)  # what its close ends with; removing twice is harmless
         else:
             is_open = True
     return is_open
+
+
+def _is_dead(conn: Any) -> bool:
+    """Closed, or closing: the muxer shuts down as soon as it reads a broken connection."""
+    muxed = conn.muxed_conn
+    shutting_down = getattr(muxed, "event_shutting_down", None)  # Yamux's; Mplex has none
+    return conn.is_closed or muxed.is_closed or (shutting_down is not None and shutting_down.is_set())
 
 
 class InboundConnectionClosed(Exception):
