@@ -49,10 +49,13 @@ def test_honest_peers_keep_learning_and_ban_the_attacker(attack: str, baseline: 
     print(f"attack {attack}: honest median accuracy {accuracy:.4f} vs {baseline:.4f} without the attacker")
     assert accuracy >= baseline - 0.01, (accuracy, baseline)
     attacker_id = attacker.status().peer_id
-    bans = [p.data_dir / "bans.json" for p in honest]
-    banned_by = [b for b in bans if b.exists() and attacker_id in json.loads(b.read_text())]
-    # Once most peers ban it, the attacker rarely reaches the rest within the run.
-    assert len(banned_by) > len(honest) / 2, f"banned by {len(banned_by)} of {len(honest)}"
+    banned_by = {p.index for p in honest if (bans := p.data_dir / "bans.json").exists()
+                 and attacker_id in json.loads(bans.read_text())}
+    struck_out = {p.index for p in honest
+                  if f"strike 3/3 for {attacker_id[-8:]}: " in (p.data_dir / "log.txt").read_text()}
+    assert struck_out <= banned_by, f"struck out by {sorted(struck_out)}, banned by {sorted(banned_by)}"
+    # How many peers reach the attacker three times in the run depends on the machine's load.
+    assert len(banned_by) >= len(honest) / 2, f"banned by {len(banned_by)} of {len(honest)}"
     if attack != "work":  # a work liar's parameters are honest; everything else must never be merged
         merged = [line for p in honest for line in (p.data_dir / "log.txt").read_text().splitlines()
                   if f"exchange with {attacker_id[-8:]}: merged" in line]
