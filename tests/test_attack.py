@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.swarm import Peer, start_peer, start_swarm, stop_swarm, wait_for_address
+from lab.soak_probe import free_port
+from lab.swarm import Peer, peer_id, start_peer, stop_swarm, wait_for_address
 
 pytestmark = pytest.mark.slow
 DURATION = 15.0
@@ -22,16 +23,27 @@ def final_accuracy(peers: list[Peer]) -> float:
 
 
 def run(root: Path, attack: str | None) -> tuple[list[Peer], Peer | None]:
-    honest = start_swarm(root, [1, 1, 2, 4], EXTRA, fork=True)  # ready in a second, not several
+    slowdowns = [1, 1, 2, 4]
+    listen = [f"/ip4/127.0.0.1/tcp/{free_port()}" for _ in slowdowns]
+    addrs = [f"{a}/p2p/{peer_id(root / f'peer-{i}')}" for i, a in enumerate(listen)]
+    honest: list[Peer] = []
     attacker = None
-    if attack:
-        bootstrap = wait_for_address(honest[0])
-        attacker = start_peer(9, root, 1, EXTRA, bootstrap, command=ADVERSARY + ["--attack", attack])
-    everyone = honest + ([attacker] if attacker else [])
-    deadline = time.monotonic() + DURATION + 40
-    while time.monotonic() < deadline and any(p.process.poll() is None for p in honest):
-        time.sleep(0.5)
-    stop_swarm(everyone)
+    try:
+        if attack:
+            # Started, and ready, before the honest peers: a fresh interpreter can take most of their
+            # run to start on a loaded machine. It knows every honest peer, as it would have learnt
+            # from a bootstrap, and retries them until they are up.
+            every_bootstrap = [arg for addr in addrs for arg in ("--bootstrap", addr)]
+            attacker = start_peer(9, root, 1, EXTRA + every_bootstrap, None, command=ADVERSARY + ["--attack", attack])
+            wait_for_address(attacker)
+        for i, slowdown in enumerate(slowdowns):  # forked: each ready in a second
+            honest.append(start_peer(i, root, slowdown, EXTRA, addrs[0] if i else None, fork=True, listen=listen[i]))
+            wait_for_address(honest[i])
+        deadline = time.monotonic() + DURATION + 40
+        while time.monotonic() < deadline and any(p.process.poll() is None for p in honest):
+            time.sleep(0.5)
+    finally:
+        stop_swarm(honest + ([attacker] if attacker else []))
     return honest, attacker
 
 
