@@ -288,10 +288,14 @@ class Soak:
                 self.undo(undo_action)
                 undo_at = None
             if now >= next_churn and undo_at is None and now + self.args.outage + 2 * POLL_S < end:
-                undo_action = ACTIONS[turn % len(ACTIONS)]
-                undo_at = self.churn(undo_action)
-                turn += 1
-                next_churn = now + self.args.churn_every
+                action = ACTIONS[turn % len(ACTIONS)]
+                # A peer action waits up to one interval for a churnable peer (on a loaded machine the
+                # first peers may still be starting) before it is skipped.
+                waiting = action in ("sigterm", "sigkill", "newcomer") and not self.churnable(action)
+                if not waiting or now >= next_churn + self.args.churn_every:
+                    undo_action, undo_at = action, self.churn(action)
+                    turn += 1
+                    next_churn = now + self.args.churn_every
             time.sleep(max(0.0, min(POLL_S - (time.monotonic() - now), end - time.monotonic())))
         if undo_at is not None:
             self.undo(undo_action)
