@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import socket
 import statistics
 import time
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 from lab.bench_config import MURMUR_ARGS, TASKS
 from lab.netns import Netns
 from lab.peer import PARAMS_FILE
-from lab.swarm import LOG_FILE, Peer, peer_id, start_peer, stop_swarm
+from lab.swarm import LOG_FILE, Peer, free_port, peer_id, start_peer, stop_swarm
 from lab.trace_driver import TraceDriver
 from lab.traces import Trace
 from lab.traces import static as static_trace
@@ -26,10 +25,6 @@ TRACE_FILE = "trace.json"  # the run's speed trace, in its directory, for every 
 START_MARGIN_S = 0.3  # from the start file's writing to the start time it holds: every peer reads it in time
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _metric(spec: dict) -> Metric:
@@ -61,7 +56,7 @@ def run_murmur(
     trace = trace or static_trace(slowdowns)
     (root / TRACE_FILE).write_text(json.dumps(trace.to_json()))
     count = len(trace.peers)
-    ports = [_free_port() for _ in range(count)]
+    ports = [free_port() for _ in range(count)]
     dirs = [root / f"peer-{i}" for i in range(count)]
     start_file = root / "start-at"
     hosts = [ns.address for ns in links] if links else ["127.0.0.1"] * count

@@ -37,8 +37,8 @@ from pathlib import Path
 
 from lab import soak_report
 from lab.netns import Netns, Network, netns_unavailable_reason
-from lab.soak_probe import checkpoint_stats, checkpoints, free_port, process_stats
-from lab.swarm import LOG_FILE, Peer, kill_peer, start_peer, stop_processes, stop_swarm, wait_for_address
+from lab.soak_probe import checkpoint_stats, checkpoints, process_stats
+from lab.swarm import LOG_FILE, Peer, free_port, kill_peer, start_peer, stop_processes, stop_swarm, wait_for_address
 
 ACTIONS = ("sigterm", "sigkill", "newcomer", "relay-kill", "partition")
 POLL_S = 2.0
@@ -90,7 +90,7 @@ class Soak:
         self.samples: list[dict] = []
         self.swarm: list[dict] = []
         self.hosts: dict[int, Netns] = {}
-        self.relay_port = PORT if network else free_port()
+        self.relay_port = PORT if network else free_port()  # fixed: a killed relay comes back on it
         self.next_index = 0
         self.merges: dict[
             str, int

@@ -7,7 +7,6 @@ while it looked (a peer may be stopped, or prune a checkpoint, at any moment).
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 CHECKPOINT_DIR = "checkpoints"  # a node's, under its data dir (murmur.node.ops.checkpoints)
@@ -41,8 +40,3 @@ def checkpoint_stats(data_dir: Path) -> dict[str, int]:
     return {"checkpoint_bytes": total, "checkpoint_files": count}
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now: the loopback relay's, fixed so that it comes back on it after a kill."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import runpy
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -134,6 +135,13 @@ def _run_module(module: str, argv: list[str]) -> None:
     """`python -m module ARGV`, in this process (the fork server has imported its dependencies)."""
     sys.argv = [module, *argv]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a peer whose address must be known before it starts."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def peer_id(data_dir: Path) -> str:

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.soak_probe import free_port
-from lab.swarm import Peer, peer_id, start_peer, stop_swarm, wait_for_address
+from lab.swarm import Peer, free_port, peer_id, start_peer, stop_swarm, wait_for_address
 
 pytestmark = pytest.mark.slow
 DURATION = 15.0

@@ -6,14 +6,13 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from murmur.node.net.identity import load_or_create_identity, peer_id_of
+from lab.swarm import free_port, peer_id
 
 ROOT = Path(__file__).resolve().parents[1]
 DONE = re.compile(r"done: .* (\d+) own samples, (\d+) swarm samples, merged (\d+) times")
@@ -39,10 +38,6 @@ def finish(proc: subprocess.Popen, timeout: float) -> tuple[int, int, int]:
     return tuple(int(g) for g in found.groups())  # type: ignore[return-value]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_the_plain_loop_on_two_machines() -> None:
@@ -63,7 +58,7 @@ def test_the_plain_loop_on_two_machines() -> None:
 def test_a_trainer_example_with_two_peers(tmp_path: Path, script: str, package: str, step_samples: int) -> None:
     pytest.importorskip(package)
     # The first peer's identity and port are fixed beforehand, so both start at once.
-    peer_a = peer_id_of(load_or_create_identity(tmp_path / "a"))
+    peer_a = peer_id(tmp_path / "a")
     listen_a = f"/ip4/127.0.0.1/tcp/{free_port()}"
     # The first trains until the second is done, then gets a SIGTERM: the two always overlap, however slow the start.
     first = launch(script, tmp_path / "a", "--listen", listen_a, "--steps", "100000")

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lab.soak_probe import checkpoint_stats, checkpoints, free_port, process_stats
+from lab.soak_probe import checkpoint_stats, checkpoints, process_stats
 
 
 def test_process_stats_reads_a_live_process_and_nothing_of_a_gone_one() -> None:
@@ -31,12 +31,3 @@ def test_checkpoint_stats_count_every_file_and_checkpoints_only_finished_ones(tm
     (folder / ".checkpoint-00000003.pt.tmp").write_bytes(b"x" * 7)
     assert checkpoint_stats(tmp_path) == {"checkpoint_bytes": 157, "checkpoint_files": 3}
     assert [p.name for p in checkpoints(tmp_path)] == ["checkpoint-00000001.pt", "checkpoint-00000002.pt"]
-
-
-def test_free_port_is_bindable() -> None:
-    import socket
-
-    port = free_port()
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", port))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.swarm import start_peer, start_swarm, stop_swarm
+from lab.swarm import free_port, start_peer, start_swarm, stop_swarm
 from murmur.node.averaging.outcome import Result
 from murmur.node.ops.run import build_run_parser
 
@@ -185,3 +185,12 @@ def test_a_swarm_gossiping_strongly_compressed_deltas_learns_over_libp2p(tmp_pat
         assert found is not None
         saved = found[0]["delta_reference"]  # the reference travels with the model, and what it holds
         assert set(saved["reference"]) == set(found[0]["model"]) and len(saved["versions"]) >= 3
+
+
+def test_free_port_is_bindable() -> None:
+    import socket
+
+    port = free_port()
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
