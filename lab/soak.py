@@ -5,10 +5,11 @@
 Starts `--peers` charlm peers (`lab.swarm`, forked: ready in a second). Peer p0 is the bootstrap and
 runs `--relay-service`; p1 and p2 reserve a slot on it (`--relay`) and advertise only their circuit
 address, so others reach them through p0. p1-p3 are never churned: they carry the long-run checks.
-Every `--churn-every` seconds the next action of `ACTIONS` hits a random churnable peer (p4 and up,
-and the newcomers): SIGTERM then a restart from its data dir; SIGKILL then a restart; SIGTERM and a
-newcomer in its place (fresh identity and data dir); a relay kill (p0 SIGKILLed, restarted from its
-data dir on the same port after `--outage`); a partition (for `--outage` seconds).
+Every `--churn-every` seconds, once the first peers all train, the next action of `ACTIONS` hits a
+random churnable peer (p4 and up, and the newcomers): SIGTERM then a restart from its data dir;
+SIGKILL then a restart; SIGTERM and a newcomer in its place (fresh identity and data dir); a relay
+kill (p0 SIGKILLed, restarted from its data dir on the same port after `--outage`); a partition (for
+`--outage` seconds).
 
 With root and iproute2 (the default `--network netns`), every peer runs in a network namespace of
 its own (`lab.netns`) on one of two bridges, even peers on side 0 and odd on side 1; the partition
@@ -180,6 +181,10 @@ class Soak:
         ]
         return [life for life in live if checkpoints(life.peer.data_dir)] if action == "sigkill" else live
 
+    def swarm_up(self) -> bool:
+        """Whether every live peer has trained."""
+        return all(any(phase == "training" for _, phase, _ in life.observations) for life in self.live())
+
     def churn(self, action: str) -> float | None:
         """Do `action`; return the run time at which to undo it (relay restart, heal), or None."""
         if action == "relay-kill":
@@ -275,6 +280,7 @@ class Soak:
         self.next_index = self.args.peers
         end = self.t0 + self.args.duration
         next_sample, next_churn, undo_at, undo_action = self.t0, self.t0 + self.args.churn_every, None, ""
+        started = False  # churn waits for the swarm: on a loaded machine its peers may take a while to start
         turn = 0
         for _ in range(int(self.args.duration / POLL_S) + 10):  # bounded: one pass per poll
             now = time.monotonic()
@@ -287,15 +293,12 @@ class Soak:
             if undo_at is not None and self.now() >= undo_at:
                 self.undo(undo_action)
                 undo_at = None
-            if now >= next_churn and undo_at is None and now + self.args.outage + 2 * POLL_S < end:
-                action = ACTIONS[turn % len(ACTIONS)]
-                # A peer action waits up to one interval for a churnable peer (on a loaded machine the
-                # first peers may still be starting) before it is skipped.
-                waiting = action in ("sigterm", "sigkill", "newcomer") and not self.churnable(action)
-                if not waiting or now >= next_churn + self.args.churn_every:
-                    undo_action, undo_at = action, self.churn(action)
-                    turn += 1
-                    next_churn = now + self.args.churn_every
+            started = started or self.swarm_up()
+            if started and now >= next_churn and undo_at is None and now + self.args.outage + 2 * POLL_S < end:
+                undo_action = ACTIONS[turn % len(ACTIONS)]
+                undo_at = self.churn(undo_action)
+                turn += 1
+                next_churn = now + self.args.churn_every
             time.sleep(max(0.0, min(POLL_S - (time.monotonic() - now), end - time.monotonic())))
         if undo_at is not None:
             self.undo(undo_action)
