@@ -105,12 +105,16 @@ class ForkedProcess:
 
 
 class ForkedPeer(ForkedProcess):
-    """`murmur run ARGV` as a `ForkedProcess`: the module `murmur_command` names, run as `__main__`."""
+    """`murmur run ARGV` as a `ForkedProcess`: the module `command` names (default `murmur_command`,
+    else e.g. an adversary's), run as `__main__`."""
 
-    def __init__(self, argv: list[str], log_path: Path, netns: str | None = None, *, append: bool = False) -> None:
+    def __init__(
+        self, argv: list[str], log_path: Path, netns: str | None = None, *, append: bool = False,
+        command: list[str] | None = None,
+    ) -> None:
         if argv[:1] != ["run"]:
             raise ValueError(f"a forked peer runs `murmur run`, not {argv[:1]}")
-        command = murmur_command()
+        command = command or murmur_command()
         if command[1:2] != ["-m"]:
             raise ValueError(f"a forked peer runs a module (`python -m ...`), not {command}")
         super().__init__(_run_module, (command[2], [*command[3:], *argv]), log_path, netns, name="murmur-run", append=append)
@@ -201,15 +205,13 @@ def start_peer(
     """Start `murmur run` (or `command`, e.g. an adversary) as peer `index`, in `data_dir` (default: `root/peer-INDEX`).
 
     The peer runs one torch thread (`ONE_THREAD`) unless `extra` says otherwise and listens on
-    `listen`. With `fork`, a `murmur run` peer is a `ForkedPeer`, ready in about a second; its
+    `listen`. With `fork`, the peer is a `ForkedPeer`, ready in about a second; its
     command line is then the fork server's, so look for it by PID, not by arguments. With
     `netns` it is forked into that namespace, whose teardown then stops it too.
     `append_log` keeps the log of an earlier run of the same data dir (a restart).
     """
     data_dir = data_dir if data_dir is not None else root / f"peer-{index}"
     data_dir.mkdir(parents=True, exist_ok=True)
-    if (fork or netns is not None) and command is not None:
-        raise ValueError("only `murmur run` peers can be forked")
     identity = peer_id(data_dir) if command is None else ""
     (data_dir / ADDR_FILE).unlink(missing_ok=True)
     argv = [
@@ -221,7 +223,8 @@ def start_peer(
     log_path = data_dir / LOG_FILE
     process: subprocess.Popen | ForkedProcess
     if fork or netns is not None:
-        process = ForkedPeer(argv, log_path, netns=netns.name if netns is not None else None, append=append_log)
+        process = ForkedPeer(argv, log_path, netns=netns.name if netns is not None else None, append=append_log,
+                             command=command)
         if netns is not None:
             netns.adopt(process)
     else:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.swarm import Peer, free_port, peer_id, start_peer, stop_swarm, wait_for_address
+from lab.swarm import Peer, start_peer, start_swarm, stop_swarm, wait_for_address
 
 pytestmark = pytest.mark.slow
 DURATION = 15.0
@@ -22,27 +22,16 @@ def final_accuracy(peers: list[Peer]) -> float:
 
 
 def run(root: Path, attack: str | None) -> tuple[list[Peer], Peer | None]:
-    slowdowns = [1, 1, 2, 4]
-    listen = [f"/ip4/127.0.0.1/tcp/{free_port()}" for _ in slowdowns]
-    addrs = [f"{a}/p2p/{peer_id(root / f'peer-{i}')}" for i, a in enumerate(listen)]
-    honest: list[Peer] = []
+    honest = start_swarm(root, [1, 1, 2, 4], EXTRA, fork=True)  # ready in a second, not several
     attacker = None
-    try:
-        if attack:
-            # Started, and ready, before the honest peers: a fresh interpreter can take most of their
-            # run to start on a loaded machine. It knows every honest peer, as it would have learnt
-            # from a bootstrap, and retries them until they are up.
-            every_bootstrap = [arg for addr in addrs for arg in ("--bootstrap", addr)]
-            attacker = start_peer(9, root, 1, EXTRA + every_bootstrap, None, command=ADVERSARY + ["--attack", attack])
-            wait_for_address(attacker)
-        for i, slowdown in enumerate(slowdowns):  # forked: each ready in a second
-            honest.append(start_peer(i, root, slowdown, EXTRA, addrs[0] if i else None, fork=True, listen=listen[i]))
-            wait_for_address(honest[i])
-        deadline = time.monotonic() + DURATION + 40
-        while time.monotonic() < deadline and any(p.process.poll() is None for p in honest):
-            time.sleep(0.5)
-    finally:
-        stop_swarm(honest + ([attacker] if attacker else []))
+    if attack:  # forked too: a fresh interpreter can take most of the honest peers' run to start
+        bootstrap = wait_for_address(honest[0])
+        attacker = start_peer(9, root, 1, EXTRA, bootstrap, command=ADVERSARY + ["--attack", attack], fork=True)
+    everyone = honest + ([attacker] if attacker else [])
+    deadline = time.monotonic() + DURATION + 40
+    while time.monotonic() < deadline and any(p.process.poll() is None for p in honest):
+        time.sleep(0.5)
+    stop_swarm(everyone)
     return honest, attacker
 
 
@@ -65,8 +54,8 @@ def test_honest_peers_keep_learning_and_ban_the_attacker(attack: str, baseline: 
     struck_out = {p.index for p in honest
                   if f"strike 3/3 for {attacker_id[-8:]}: " in (p.data_dir / "log.txt").read_text()}
     assert struck_out <= banned_by, f"struck out by {sorted(struck_out)}, banned by {sorted(banned_by)}"
-    # How many peers reach the attacker three times in the run depends on the machine's load.
-    assert banned_by, "banned by no honest peer"
+    # Once most peers ban it, the attacker rarely reaches the rest within the run.
+    assert len(banned_by) > len(honest) / 2, f"banned by {len(banned_by)} of {len(honest)}"
     if attack != "work":  # a work liar's parameters are honest; everything else must never be merged
         merged = [line for p in honest for line in (p.data_dir / "log.txt").read_text().splitlines()
                   if f"exchange with {attacker_id[-8:]}: merged" in line]

@@ -129,10 +129,10 @@ def test_local_swarm_peers_do_not_inherit_murmur_settings(monkeypatch: pytest.Mo
     assert "MURMUR_METRICS_PORT" not in env and env["PATH_FOR_TEST"] == "kept"
 
 
-def test_only_murmur_run_peers_can_be_forked(tmp_path: Path) -> None:
+def test_only_a_python_module_peer_can_be_forked(tmp_path: Path) -> None:
     from lab.swarm import start_peer
 
-    with pytest.raises(ValueError, match="only `murmur run` peers can be forked"):
+    with pytest.raises(ValueError, match="a forked peer runs a module"):
         start_peer(0, tmp_path, 1.0, [], None, command=["adversary"], fork=True)
 
 
