@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import tempfile
 import time
@@ -204,11 +203,10 @@ class Generation:
                 if self.procs[r].poll() is None:
                     if e.action == "crash":
                         self.killed[r] = time.monotonic()
-                    os.kill(self.procs[r].pid, signal.SIGKILL if e.action == "crash" else signal.SIGTERM)
+                    self.procs[r].send_signal(signal.SIGKILL if e.action == "crash" else signal.SIGTERM)
         if any(e.action == "join" for e in events):
             for p in self.procs:
-                if p.poll() is None:
-                    os.kill(p.pid, signal.SIGTERM)
+                p.send_signal(signal.SIGTERM)
 
     def failure(self) -> str | None:
         """What went wrong if a member raised or died unbidden; None while none has."""

@@ -10,6 +10,7 @@ runs that same command in a process forked from a server that has imported it on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -102,6 +103,13 @@ class ForkedProcess:
 
     def kill(self) -> None:
         self._process.kill()
+
+    def send_signal(self, sig: int) -> None:
+        """Signal the process by PID, as `Popen.send_signal`: nothing once it exited. The fork server
+        reaps it, so its PID can be gone before `poll` knows it exited."""
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
 
 
 class ForkedPeer(ForkedProcess):
@@ -272,16 +280,14 @@ def start_swarm(root: Path, slowdowns: list[float], extra: list[str], *, fork: b
 
 def kill_peer(peer: Peer, timeout: float = 10.0) -> int | None:
     """SIGKILL the peer by PID (a crash, not a goodbye) and reap it; return its exit code."""
-    if peer.alive():
-        os.kill(peer.process.pid, signal.SIGKILL)
+    peer.process.send_signal(signal.SIGKILL)
     return peer.process.wait(timeout=timeout)
 
 
 def stop_processes(processes: Sequence[subprocess.Popen | ForkedProcess], timeout: float = 15.0) -> list[int | None]:
     """SIGTERM every process by PID, wait up to `timeout` in all, SIGKILL stragglers; return exit codes."""
     for process in processes:
-        if process.poll() is None:
-            os.kill(process.pid, signal.SIGTERM)
+        process.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + timeout
     for process in processes:
         try:

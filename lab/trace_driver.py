@@ -8,7 +8,6 @@ SIGKILL, `join` starts a new peer through a callback. Processes are addressed by
 from __future__ import annotations
 
 import math
-import os
 import signal
 import time
 from collections.abc import Callable
@@ -21,9 +20,9 @@ SIGNALS = {"sleep": signal.SIGSTOP, "wake": signal.SIGCONT, "leave": signal.SIGT
 
 
 class Process(Protocol):
-    pid: int
-
     def poll(self) -> int | None: ...
+
+    def send_signal(self, sig: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -77,8 +76,8 @@ class TraceDriver:
         if process is None or process.poll() is not None:
             return
         if action.kind in ("leave", "crash") and action.peer in self.stopped:
-            os.kill(process.pid, signal.SIGCONT)  # a stopped process would hold a SIGTERM until woken
-        os.kill(process.pid, SIGNALS[action.kind])
+            process.send_signal(signal.SIGCONT)  # a stopped process would hold a SIGTERM until woken
+        process.send_signal(SIGNALS[action.kind])
         if action.kind == "sleep":
             self.stopped.add(action.peer)
         else:
@@ -88,6 +87,5 @@ class TraceDriver:
         """Continue every process this driver stopped (before stopping them all at the end of a run)."""
         for peer in sorted(self.stopped):
             process = self.processes[peer]
-            if process.poll() is None:
-                os.kill(process.pid, signal.SIGCONT)
+            process.send_signal(signal.SIGCONT)
         self.stopped.clear()
