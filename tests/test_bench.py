@@ -104,6 +104,8 @@ def test_swarm_peers_are_started_with_one_torch_thread_each(tmp_path: Path, monk
         def wait(self, timeout: float | None = None) -> int:
             return 1
 
+        def send_signal(self, sig: int) -> None: ...
+
     monkeypatch.setattr(swarm, "ForkedPeer", Exited)
     with pytest.raises(RuntimeError, match="peer 0 exited"):
         bench_murmur.run_murmur("digits", [1.0, 2.0], "murmur-work", 3, 5.0, tmp_path / "run", ema_decay=0.5)

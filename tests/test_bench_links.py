@@ -147,6 +147,8 @@ class _Exited:
 
     def kill(self) -> None: ...
 
+    def send_signal(self, sig: int) -> None: ...
+
 
 class _Namespace:
     """A stand-in `Netns` that records the processes that entered it."""
