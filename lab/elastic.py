@@ -9,7 +9,7 @@ once the generation has trained a step:
 
 - leave: SIGTERM to the leaver. It saves at its next step boundary and exits; the others' next all-reduce
   fails, and they save and exit too.
-- crash: SIGKILL. The survivors' all-reduce fails (a reset connection, at worst after `pg_timeout_s`), and they
+- crash: SIGSTOP, then SIGKILL (crashes at one moment freeze together first). The survivors' all-reduce fails (a reset connection, at worst after `pg_timeout_s`), and they
   save and exit.
 - join: SIGTERM to every member (torchrun's scale-up: the agents stop every worker); each saves at a step boundary.
 
@@ -197,13 +197,22 @@ class Generation:
 
     def apply(self, events: Sequence[Event]) -> None:
         """Signal the members as `events` say (by PID): SIGKILL a crasher, SIGTERM a leaver, SIGTERM all on a join."""
+        crashing = []
         for e in events:
             if e.action != "join" and e.peer in self.members:
                 r = self.members.index(e.peer)
                 if self.procs[r].poll() is None:
                     if e.action == "crash":
-                        self.killed[r] = time.monotonic()
-                    self.procs[r].send_signal(signal.SIGKILL if e.action == "crash" else signal.SIGTERM)
+                        crashing.append(r)
+                    else:
+                        self.procs[r].send_signal(signal.SIGTERM)
+        # Crashes at one moment happen at one moment: frozen first, their connections still open, so no member sees
+        # one crash (and saves) before the agent gets to the next.
+        for r in crashing:
+            self.procs[r].send_signal(signal.SIGSTOP)
+        for r in crashing:
+            self.killed[r] = time.monotonic()
+            self.procs[r].send_signal(signal.SIGKILL)
         if any(e.action == "join" for e in events):
             for p in self.procs:
                 p.send_signal(signal.SIGTERM)

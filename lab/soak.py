@@ -6,7 +6,7 @@ Starts `--peers` charlm peers (`lab.swarm`, forked: ready in a second). Peer p0 
 runs `--relay-service`; p1 and p2 reserve a slot on it (`--relay`) and advertise only their circuit
 address, so others reach them through p0. p1-p3 are never churned: they carry the long-run checks.
 Every `--churn-every` seconds, once the first peers all train, the next action of `ACTIONS` hits a
-random churnable peer (p4 and up, and the newcomers): SIGTERM then a restart from its data dir;
+random churnable peer (p4 and up, and the newcomers, once training), waiting until there is one: SIGTERM then a restart from its data dir;
 SIGKILL then a restart; SIGTERM and a newcomer in its place (fresh identity and data dir); a relay
 kill (p0 SIGKILLed, restarted from its data dir on the same port after `--outage`); a partition (for
 `--outage` seconds).
@@ -185,8 +185,14 @@ class Soak:
         """Whether every live peer has trained."""
         return all(any(phase == "training" for _, phase, _ in life.observations) for life in self.live())
 
+    def can_churn(self, action: str) -> bool:
+        """Whether `action` has something to hit now; an action waits until it has (a restarted peer trains again first)."""
+        if action == "relay-kill":
+            return any(life.index == 0 for life in self.live())
+        return action == "partition" or bool(self.churnable(action))
+
     def churn(self, action: str) -> float | None:
-        """Do `action`; return the run time at which to undo it (relay restart, heal), or None."""
+        """Do `action` (`can_churn` said it can); return the run time at which to undo it (relay restart, heal), or None."""
         if action == "relay-kill":
             relay = next((life for life in self.live() if life.index == 0), None)
             if relay is not None:
@@ -201,11 +207,7 @@ class Soak:
             self.network.join_sides(False)
             self.event("partition", "", "link between the sides down")
             return self.now() + self.args.outage
-        candidates = self.churnable(action)
-        if not candidates:
-            self.event(f"{action}-skipped", "", "no churnable peer (with a checkpoint, for a SIGKILL)")
-            return None
-        victim = self.rng.choice(candidates)
+        victim = self.rng.choice(self.churnable(action))
         self.end(victim, "sigkill" if action == "sigkill" else "sigterm")
         if action == "newcomer":
             self.event("leave", victim.name, "SIGTERM, retired")
@@ -294,14 +296,18 @@ class Soak:
                 self.undo(undo_action)
                 undo_at = None
             started = started or self.swarm_up()
-            if started and now >= next_churn and undo_at is None and now + self.args.outage + 2 * POLL_S < end:
-                undo_action = ACTIONS[turn % len(ACTIONS)]
-                undo_at = self.churn(undo_action)
+            action = ACTIONS[turn % len(ACTIONS)]
+            due = started and now >= next_churn and undo_at is None
+            if due and now + self.args.outage + 2 * POLL_S < end and self.can_churn(action):
+                undo_action = action
+                undo_at = self.churn(action)
                 turn += 1
                 next_churn = now + self.args.churn_every
             time.sleep(max(0.0, min(POLL_S - (time.monotonic() - now), end - time.monotonic())))
         if undo_at is not None:
             self.undo(undo_action)
+        elif started and time.monotonic() >= next_churn:
+            self.event(f"{ACTIONS[turn % len(ACTIONS)]}-skipped", "", "nothing to hit before the end")
         self.sample()
 
     def stop_all(self) -> None:

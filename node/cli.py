@@ -65,9 +65,16 @@ def cmd_id(args: argparse.Namespace) -> int:
     return 0
 
 
+# The commands that import torch; `status` and `id` stay free of it.
+TORCH_COMMANDS = ("run", "bench", "export", "demo")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     with process.quiet_stop_signals():
+        if argv[:1] and argv[0] in TORCH_COMMANDS:
+            with process.stop_signals_held():  # a Ctrl-C during torch's import would be lost
+                import torch  # noqa: F401
         if argv[:1] == ["run"]:
             from murmur.node.ops import run
 

@@ -3,6 +3,7 @@
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,38 @@ def test_a_listen_port_in_use_stops_the_node_before_it_trains(tmp_path: Path) ->
     )
     assert "listening on" not in done.stdout
     assert not (tmp_path / "checkpoints").exists()  # it never trained
+
+
+def test_a_port_another_murmur_node_listens_on_stops_the_second_node(tmp_path: Path) -> None:
+    # py-libp2p's listeners set SO_REUSEPORT, so without a check the second node would share the port.
+    addr_file = tmp_path / "first.addr"
+    first = subprocess.Popen(
+        [sys.executable, "-m", "murmur.node.cli", "run", "--data-dir", str(tmp_path / "first"),
+         "--listen", "/ip4/127.0.0.1/tcp/0", "--addr-file", str(addr_file), "--duration", "120"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not addr_file.exists():
+            assert first.poll() is None and time.monotonic() < deadline, "the first node never listened"
+            time.sleep(0.1)
+        address = addr_file.read_text().split("/p2p/")[0]
+        done = subprocess.run(
+            [sys.executable, "-m", "murmur.node.cli", "run", "--data-dir", str(tmp_path / "second"), "--listen", address,
+             "--duration", "5"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert first.poll() is None  # the first node is untouched
+    finally:
+        first.terminate()
+        first.wait(timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        f"murmur run: error: cannot listen on {address}: address already in use: another process listens there; "
+        "give this node another --listen port (tcp/0: any free one)"
+    )
+    assert "listening on" not in done.stdout
+    assert not (tmp_path / "second" / "checkpoints").exists()
 
 
 def test_a_module_attribute_that_is_not_a_task_is_one_line(tmp_path: Path) -> None:

@@ -37,8 +37,12 @@ DIRECT_DIAL_TIMEOUT = 2.0
 log = logging.getLogger("murmur.transport")
 
 
-def _listen_failure(address: str) -> str:
-    """Why a TCP address cannot be listened on, as the OS says it (py-libp2p does not tell)."""
+def _bind_failure(address: str) -> str | None:
+    """Why a TCP address cannot be bound, as the OS says it; None if it can.
+
+    The probe binds without `SO_REUSEPORT`, which py-libp2p's own listeners set (for hole punching): a
+    port that another listener holds, a Murmur node's included, fails here instead of being shared.
+    """
     try:
         addr = multiaddr.Multiaddr(address)
         family = socket.AF_INET6 if "ip6" in {p.name for p in addr.protocols()} else socket.AF_INET
@@ -47,12 +51,12 @@ def _listen_failure(address: str) -> str:
     except Exception:  # not an IP and TCP address: the multiaddr library raises assorted types
         return "not a TCP address this node can listen on (/ip4/ADDRESS/tcp/PORT or /ip6/…)"
     with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as trio's listeners do
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as trio's listeners do: TIME_WAIT is no conflict
         try:
             probe.bind((host, port))
         except OSError as exc:
             return (exc.strerror or str(exc)).lower()
-    return "py-libp2p could not open it"
+    return None
 
 
 class _Libp2pStream(ByteStream):
@@ -162,13 +166,17 @@ class Libp2pTransport(Transport):
     async def run(self, listen: Sequence[str]) -> AsyncIterator[None]:
         """Listen on `listen` (may be empty: dial out only) and hold the relay reservations.
 
-        Raises `CannotListen` for the first address py-libp2p could not listen on (it only logs that).
+        Raises `CannotListen` for the first address that another socket holds, or that py-libp2p could not
+        listen on (it only logs that).
         """
+        for address in listen:  # before py-libp2p binds: its SO_REUSEPORT would share a port another node holds
+            if (reason := _bind_failure(address)) is not None:
+                raise CannotListen(address, reason)
         async with self.host.run([multiaddr.Multiaddr(a) for a in listen]), self.relay.run():
             opened = self.host.get_network().listeners  # py-libp2p keeps only the listeners that opened
             for address in listen:
                 if str(multiaddr.Multiaddr(address)) not in opened:
-                    raise CannotListen(address, _listen_failure(address))
+                    raise CannotListen(address, _bind_failure(address) or "py-libp2p could not open it")
             if not self.nat_traversal:
                 yield
                 return

@@ -35,6 +35,26 @@ def quiet_stop_signals() -> Iterator[None]:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+@contextlib.contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back while the context runs; one that arrived meanwhile is handled as it exits.
+
+    For importing C extensions that clear any Python error raised while they initialise: torch's
+    imports numpy that way, so a KeyboardInterrupt raised inside numpy's import would be lost and
+    the command would carry on. Threads started inside the context inherit the held mask, so the
+    signal reaches this thread. Where the platform has no signal masks, a no-op.
+    """
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    stop = {signal.SIGINT, signal.SIGTERM}
+    held_before = signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held_before)
+
+
 def run_command(main: Callable[[], int]) -> int:
     """Run `main` and return its exit status, turning the two ways a user ends a command early into
     a status instead of a traceback: Ctrl-C (KeyboardInterrupt, alone or in an exception group,
