@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab import soak_report
+from lab.extras import plotting_unavailable_reason
 from lab.netns import Netns, Network, netns_unavailable_reason
 from lab.soak_probe import checkpoint_stats, checkpoints, process_stats
 from lab.swarm import LOG_FILE, Peer, free_port, kill_peer, start_peer, stop_processes, stop_swarm, wait_for_address
@@ -373,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if (missing := plotting_unavailable_reason()) is not None:
+        parser.error(missing)
     if args.peers < LONG_LIVED + 1:
         parser.error(f"--peers must be at least {LONG_LIVED + 1}: p0-p3 are the relay and the long-lived peers")
     if min(args.duration, args.churn_every, args.sample_every, args.outage) <= 0:

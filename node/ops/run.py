@@ -52,21 +52,23 @@ async def _run_until_signal(config, key_pair, pacing, around: Around | None, rec
     second one at once. Each stop signal is appended to `received`; the node owns the data dir's `lock` from here on."""
     from murmur.node.ops.assembly import build_node
 
-    node = build_node(config, key_pair, pacing=pacing, data_dir_lock=lock)
-    async with around(node) if around is not None else nullcontext(), anyio.create_task_group() as tg:
+    # First of all: from here on a stop signal is an event for `stop_on_signal`, never a KeyboardInterrupt raised
+    # in whatever task runs then (py-libp2p turns some of those into other errors, or logs them and goes on).
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        node = build_node(config, key_pair, pacing=pacing, data_dir_lock=lock)
+        async with around(node) if around is not None else nullcontext(), anyio.create_task_group() as tg:
 
-        async def stop_on_signal() -> None:
-            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                async for signum in signals:
+            async def stop_on_signal() -> None:
+                async for signum in signals:  # those that came while the node was built too
                     received.append(signum)
                     logging.getLogger("murmur").info("received %s: stopping", signal.Signals(signum).name)
                     if node.stopping:
                         tg.cancel_scope.cancel()
                     node.request_stop()
 
-        tg.start_soon(stop_on_signal)
-        await node.run()
-        tg.cancel_scope.cancel()
+            tg.start_soon(stop_on_signal)
+            await node.run()
+            tg.cancel_scope.cancel()
     return node
 
 
