@@ -1,6 +1,6 @@
 """Headless Chromium for the dashboard tests: load a page, let its script run, return the DOM it built.
 
-Debian's `chromium` (installed by scripts/setup.sh) with `--dump-dom` after a virtual-time
+Debian's `chromium` (installed by scripts/test.sh as root) with `--dump-dom` after a virtual-time
 budget; `parse_dom` turns the dump into elements that the tests query by id and attribute;
 `serve_files` serves a page of the test's making (the dashboard's files plus a measuring script).
 """
@@ -28,7 +28,7 @@ def chromium() -> str:
     """The Chromium executable; fails the test (not skips) with how to install it."""
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if path is None:
-        raise AssertionError("no chromium on PATH: run scripts/setup.sh (as root) or `apt-get install chromium`")
+        raise AssertionError("no chromium on PATH: run scripts/test.sh (as root) or `apt-get install chromium`")
     return path
 
 
