@@ -23,7 +23,7 @@ from lab.bench_config import (
     TASKS,
 )
 from lab.bench_report import rescore
-from lab.extras import plotting_unavailable_reason
+from lab.extras import plotting_missing
 from lab.links import LinkSpecError, LinksUnavailable, parse_link_mbit
 from lab.traces import SCENARIOS, TraceError
 from lab.traces import load as load_trace
@@ -89,8 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rescore", type=Path, default=None, metavar="RESULTS_JSON",
                         help="run nothing: score an earlier run's results.json again and write the table and plots to --out")
     args = parser.parse_args(argv)
-    if (missing := plotting_unavailable_reason()) is not None:
-        print(f"murmur bench: error: {missing}", file=sys.stderr)
+    if plotting_missing("murmur bench"):
         return 2
     if args.rescore:
         rescore(args.rescore, args.out)

@@ -13,7 +13,6 @@ import json
 import math
 import signal
 import statistics
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from lab.extras import plotting_unavailable_reason
+from lab.extras import plotting_missing
 from lab.swarm import Peer, start_swarm, stop_swarm
 from murmur.node.averaging.outcome import Result
 from murmur.node.learn.tasks import load_task
@@ -78,8 +77,7 @@ def _uninterruptible() -> Iterator[None]:
 
 def run_demo(args: argparse.Namespace) -> int:
     """Run the demo; Ctrl-C or SIGTERM at any point stops every peer it started (exit 130)."""
-    if (missing := plotting_unavailable_reason()) is not None:
-        print(f"murmur demo: error: {missing}", file=sys.stderr)
+    if plotting_missing("murmur demo"):
         return 2
     # Set explicitly: a shell starts background jobs with SIGINT ignored, and Python keeps that.
     signal.signal(signal.SIGINT, _interrupt)

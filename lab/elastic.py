@@ -9,8 +9,8 @@ once the generation has trained a step:
 
 - leave: SIGTERM to the leaver. It saves at its next step boundary and exits; the others' next all-reduce
   fails, and they save and exit too.
-- crash: SIGSTOP, then SIGKILL (crashes at one moment freeze together first). The survivors' all-reduce fails (a reset connection, at worst after `pg_timeout_s`), and they
-  save and exit.
+- crash: SIGSTOP, then SIGKILL (crashes at one moment freeze together first). The survivors' all-reduce fails
+  (a reset connection, at worst after `pg_timeout_s`), and they save and exit.
 - join: SIGTERM to every member (torchrun's scale-up: the agents stop every worker); each saves at a step boundary.
 
 Once every member has exited (or `pg_timeout_s` + `EXIT_GRACE_S` after the event; stragglers are killed), the
@@ -196,7 +196,7 @@ class Generation:
             return None
 
     def apply(self, events: Sequence[Event]) -> None:
-        """Signal the members as `events` say (by PID): SIGKILL a crasher, SIGTERM a leaver, SIGTERM all on a join."""
+        """Signal the members as `events` say (by PID): SIGSTOP then SIGKILL the crashers, SIGTERM a leaver, SIGTERM all on a join."""
         crashing = []
         for e in events:
             if e.action != "join" and e.peer in self.members:

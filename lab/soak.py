@@ -6,8 +6,8 @@ Starts `--peers` charlm peers (`lab.swarm`, forked: ready in a second). Peer p0 
 runs `--relay-service`; p1 and p2 reserve a slot on it (`--relay`) and advertise only their circuit
 address, so others reach them through p0. p1-p3 are never churned: they carry the long-run checks.
 Every `--churn-every` seconds, once the first peers all train, the next action of `ACTIONS` hits a
-random churnable peer (p4 and up, and the newcomers, once training), waiting until there is one: SIGTERM then a restart from its data dir;
-SIGKILL then a restart; SIGTERM and a newcomer in its place (fresh identity and data dir); a relay
+random churnable peer (p4 and up, and the newcomers, once training), waiting until there is one:
+SIGTERM then a restart from its data dir; SIGKILL then a restart; SIGTERM and a newcomer in its place (fresh identity and data dir); a relay
 kill (p0 SIGKILLed, restarted from its data dir on the same port after `--outage`); a partition (for
 `--outage` seconds).
 
@@ -283,6 +283,7 @@ class Soak:
         self.next_index = self.args.peers
         end = self.t0 + self.args.duration
         next_sample, next_churn, undo_at, undo_action = self.t0, self.t0 + self.args.churn_every, None, ""
+        waiting = False  # the due action has nothing to hit yet
         started = False  # churn waits for the swarm: on a loaded machine its peers may take a while to start
         turn = 0
         for _ in range(int(self.args.duration / POLL_S) + 10):  # bounded: one pass per poll
@@ -298,16 +299,17 @@ class Soak:
                 undo_at = None
             started = started or self.swarm_up()
             action = ACTIONS[turn % len(ACTIONS)]
-            due = started and now >= next_churn and undo_at is None
-            if due and now + self.args.outage + 2 * POLL_S < end and self.can_churn(action):
-                undo_action = action
-                undo_at = self.churn(action)
-                turn += 1
-                next_churn = now + self.args.churn_every
+            if started and now >= next_churn and undo_at is None and now + self.args.outage + 2 * POLL_S < end:
+                waiting = not self.can_churn(action)
+                if not waiting:
+                    undo_action = action
+                    undo_at = self.churn(action)
+                    turn += 1
+                    next_churn = now + self.args.churn_every
             time.sleep(max(0.0, min(POLL_S - (time.monotonic() - now), end - time.monotonic())))
         if undo_at is not None:
             self.undo(undo_action)
-        elif started and time.monotonic() >= next_churn:
+        elif waiting:
             self.event(f"{ACTIONS[turn % len(ACTIONS)]}-skipped", "", "nothing to hit before the end")
         self.sample()
 

@@ -72,7 +72,7 @@ TORCH_COMMANDS = ("run", "bench", "export", "demo")
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     with process.quiet_stop_signals():
-        if argv[:1] and argv[0] in TORCH_COMMANDS:
+        if argv and argv[0] in TORCH_COMMANDS:
             with process.stop_signals_held():  # a Ctrl-C during torch's import would be lost
                 import torch  # noqa: F401
         if argv[:1] == ["run"]:

@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Self
 
-from lab.extras import plotting_unavailable_reason
+from lab.extras import plotting_missing
 from lab.progress import Progress
 from lab.simulation import TOPOLOGIES, NetworkModel, SimConfig, simulate
 from lab.simulation.report import fmt, write_report
@@ -103,8 +103,7 @@ def _run(config: SimConfig) -> dict[str, Any]:
 def main(argv: list[str] | None = None, *, root: Path) -> int:
     """Run (or with `--replot` only re-report) the planned simulations; returns the exit status."""
     args = parse_args(argv, root)
-    if (missing := plotting_unavailable_reason()) is not None:
-        print(f"lab.simulation: error: {missing}", file=sys.stderr)
+    if plotting_missing("lab.simulation"):
         return 2
     if args.replot:
         saved = json.loads((args.out / "results.json").read_text())
