@@ -2,8 +2,8 @@
 
 Starts N peers; every K seconds kills a random one with SIGKILL and starts a
 replacement, half fresh (new identity and data dir) and half restarting from the
-killed peer's data dir (checkpoint resume). Then runs the same swarm without churn for
-the same time and checks, for the churned run:
+killed peer's data dir (checkpoint resume). Beside it, at the same time (so that both meet the
+same machine), runs the same swarm without churn, and checks, for the churned run:
 
 - no peer's training stalled longer than the exchange timeout (evaluation gaps);
 - no NaN/Inf in any evaluation or checkpoint;
@@ -23,6 +23,7 @@ import random
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from lab.swarm import Peer, kill_peer, restart_peer, start_peer, stop_swarm, wait_for_address
@@ -36,12 +37,13 @@ TICK_S = 0.5
 
 def run_swarm(root: Path, peers: int, duration: float, kill_every: float | None, rng: random.Random, extra: list[str]) -> dict:
     """Run one swarm for `duration` seconds (with churn if `kill_every`); return observations."""
-    procs: list[Peer] = [start_peer(0, root, 1.0, extra, None)]
+    # Forked from the preloaded server: a replacement joins in about a second, not after a fresh torch import.
+    procs: list[Peer] = [start_peer(0, root, 1.0, extra, None, fork=True)]
     kills: list[tuple[float, str]] = []
     violations: list[str] = []
     try:
         first = wait_for_address(procs[0])
-        procs += [start_peer(i, root, 1.0, extra, first) for i in range(1, peers)]
+        procs += [start_peer(i, root, 1.0, extra, first, fork=True) for i in range(1, peers)]
         end = time.monotonic() + duration
         next_kill = time.monotonic() + (kill_every or math.inf)
         while time.monotonic() < end:
@@ -55,8 +57,8 @@ def run_swarm(root: Path, peers: int, duration: float, kill_every: float | None,
                 kills.append((now, victim.peer_id))
                 bootstrap = rng.choice([a for p in live if p is not victim and (a := p.address())] or [first])
                 fresh = rng.random() >= 0.5  # else restart from the killed peer's data dir (checkpoint resume)
-                procs.append(start_peer(len(procs), root, 1.0, extra, bootstrap) if fresh
-                             else restart_peer(victim, extra, bootstrap))  # fmt: skip
+                procs.append(start_peer(len(procs), root, 1.0, extra, bootstrap, fork=True) if fresh
+                             else restart_peer(victim, extra, bootstrap, fork=True))  # fmt: skip
                 next_kill = now + (kill_every or math.inf)
     finally:
         stop_swarm(procs, timeout=20)
@@ -109,8 +111,10 @@ def observe(procs: list[Peer], kills: list, membership_violations: list[str]) ->
 def run_chaos(peers: int, duration: float, kill_every: float, out: Path, seed: int = 0) -> dict:
     extra = ["--task", "digits", "--step-time", "20", "--exchange-timeout", str(EXCHANGE_TIMEOUT),
              "--liveness-timeout", str(LIVENESS_TIMEOUT), "--checkpoint-every", "5", "--log-level", "INFO"]
-    churned = run_swarm(out / "churn", peers, duration, kill_every, random.Random(seed), extra)
-    calm = run_swarm(out / "calm", peers, duration, None, random.Random(seed), extra)
+    with ThreadPoolExecutor(2) as pool:
+        churning = pool.submit(run_swarm, out / "churn", peers, duration, kill_every, random.Random(seed), extra)
+        calm = run_swarm(out / "calm", peers, duration, None, random.Random(seed), extra)
+        churned = churning.result()
     gap = None
     if churned["median_final_accuracy"] is not None and calm["median_final_accuracy"] is not None:
         gap = calm["median_final_accuracy"] - churned["median_final_accuracy"]

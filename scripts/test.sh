@@ -12,4 +12,5 @@ if [ "$(id -u)" = 0 ]; then
     command -v chromium >/dev/null || missing+=(chromium)
     if [ ${#missing[@]} -gt 0 ]; then apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null; fi
 fi
-exec .venv/bin/python -m pytest -m "slow or not slow" -n 2 "$@"
+# --dist loadfile: one worker runs each file, so a module's shared swarms (test_attack, test_poisoning) run once.
+exec .venv/bin/python -m pytest -m "slow or not slow" -n 2 --dist loadfile "$@"

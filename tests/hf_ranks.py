@@ -14,6 +14,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import torch.distributed as dist  # noqa: E402
 import transformers  # noqa: E402
 from test_hf import RandomTokens, gpt2  # noqa: E402
 
@@ -35,6 +36,8 @@ def main() -> None:
     status = callback.peer.status() if callback.peer is not None else None
     result = {"peer": callback.peer is not None, "status": status, "checksum": checksum, "work": callback.work}
     (out / f"rank{rank}.json").write_text(json.dumps(result))
+    # The Trainer leaves gloo's process group open; left to the interpreter's exit, its threads abort the process.
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ import json
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -35,15 +36,21 @@ def run(root: Path, attack: str | None) -> tuple[list[Peer], Peer | None]:
     return honest, attacker
 
 
+ATTACKS = ["scale", "noise", "nan", "work"]
+
+
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory: pytest.TempPathFactory) -> float:
-    honest, _ = run(tmp_path_factory.mktemp("calm"), None)
-    return final_accuracy(honest)
+def swarms(tmp_path_factory: pytest.TempPathFactory) -> dict[str | None, tuple[list[Peer], Peer | None]]:
+    """The calm swarm (None) and one swarm per attack, two at a time: paced digits peers mostly sleep."""
+    with ThreadPoolExecutor(2) as pool:
+        runs = pool.map(lambda attack: run(tmp_path_factory.mktemp(attack or "calm"), attack), [None, *ATTACKS])
+        return dict(zip([None, *ATTACKS], runs))
 
 
-@pytest.mark.parametrize("attack", ["scale", "noise", "nan", "work"])
-def test_honest_peers_keep_learning_and_ban_the_attacker(attack: str, baseline: float, tmp_path: Path) -> None:
-    honest, attacker = run(tmp_path, attack)
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_honest_peers_keep_learning_and_ban_the_attacker(attack: str, swarms: dict) -> None:
+    honest, attacker = swarms[attack]
+    baseline = final_accuracy(swarms[None][0])
     assert all(p.process.returncode == 0 for p in honest)
     accuracy = final_accuracy(honest)
     print(f"attack {attack}: honest median accuracy {accuracy:.4f} vs {baseline:.4f} without the attacker")

@@ -107,12 +107,13 @@ def _start_run(data_dir: Path) -> subprocess.Popen:
 @pytest.mark.parametrize("delay", [0.0, 0.2, 0.6, 1.5])
 def test_ctrl_c_while_starting_exits_130_without_a_traceback(tmp_path: Path, delay: float) -> None:
     # Whatever the command is doing then (importing, loading the task, opening the host), the delay only picks the
-    # moment. It counts from the `murmur` entry point: a Ctrl-C while the interpreter starts (or imports the entry's module)
-    # is Python's to report.
+    # moment. It counts from inside the `murmur` entry point, once it handles Ctrl-C (it prints "entry" from there):
+    # a Ctrl-C while the interpreter starts, or before the entry point runs, is Python's to report.
     script = (
-        "import sys; from murmur.node.cli import entry; print('entry', flush=True); "
-        f"sys.argv = ['murmur', 'run', '--data-dir', {str(tmp_path)!r}, '--listen', '/ip4/127.0.0.1/tcp/0', "
-        "'--duration', '60']; entry()"
+        "import sys; from murmur.node import cli; command = cli.main\n"
+        "def main(argv): print('entry', flush=True); return command(argv)\n"
+        f"cli.main = main; sys.argv = ['murmur', 'run', '--data-dir', {str(tmp_path)!r}, '--listen', '/ip4/127.0.0.1/tcp/0', "
+        "'--duration', '60']; cli.entry()"
     )
     run = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert run.stdout.readline() == "entry\n"
