@@ -14,7 +14,11 @@ one torch thread per peer):
                      pairwise averaging (`--merge average`), uniform merge weights
   murmur-work        the same with work weighting
   murmur             `murmur run` as it comes: its default configuration
-  ideal              every peer alone at once (no exchanges): Σ standalone speeds
+  ideal              every peer alone at once (no exchanges), for a few seconds: Σ standalone speeds
+  solo               every peer alone to the target, same pacing: `vs solo` divides the fastest peer's
+                     own time to target by each method's (the median peer's is beside it)
+  headroom           sync-equal on as many peers as fast as the fastest: the data-parallel headroom,
+                     how much sooner the task lets that many peers reach the target than one alone
 
 Every method trains with its task's learning rate times its scale in `TASKS[task]["lr_scale"]`,
 chosen by `murmur bench --sweep-lr` (best time to target over a ×2 grid; see docs/bench.md).
@@ -56,7 +60,7 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-from lab.bench_config import MIXES, MURMUR_ARGS, TASKS
+from lab.bench_config import MIXES, MURMUR_ARGS, REFERENCES, TASKS
 from lab.bench_murmur import run_murmur
 from lab.bench_report import base_lr, equal_samples, report, score
 from lab.links import LinkSpecError, LinksUnavailable, caps_for, links_unavailable_reason, peer_links
@@ -76,7 +80,8 @@ def run_method(
     link_mbit: list[float] | None = None, ema_decay: float = 0.0, min_samples: int = 0, trace: Trace | None = None,
     target: float | None = None, local_steps: int | None = None, same_init: bool = False,
 ) -> dict:
-    """Run one method (or the ideal) on the task's workload at `lr_scale` (default: the task's chosen scale).
+    """Run one method (or a reference: ideal, solo, headroom) on the task's workload at `lr_scale` (default: the
+    task's chosen scale; headroom's is sync-equal's).
 
     A run that reaches `target` (default: the task's) trains on until `min_samples` (where methods are
     compared), within `max_s`. Every method evaluates a moving average of its weights with `ema_decay`
@@ -88,10 +93,18 @@ def run_method(
     removed when it ends; the result records the caps under "link_mbit" (None on loopback).
     """
     spec = TASKS[task]
-    scale = spec["lr_scale"].get(method, 1.0) if lr_scale is None else lr_scale
+    scale = spec["lr_scale"].get("sync-equal" if method == "headroom" else method, 1.0) if lr_scale is None else lr_scale
     target = spec["target"] if target is None else target
+    # Peers that never exchange, and the headroom (a property of the task), run on loopback.
+    link_mbit = None if method in ("solo", "headroom") else link_mbit
     with peer_links(link_mbit) if link_mbit else nullcontext() as links:
-        if method == "ideal":
+        if method == "headroom":
+            result = run_sync(task, [min(slowdowns)] * len(slowdowns), "equal", max_s, spec["step_time"], target,
+                              spec.get("eval_every", 1.0), seed=seed, lr_scale=scale, ema_decay=ema_decay, work_dir=root)
+            result["method"] = "headroom"
+        elif method == "solo":
+            result = run_murmur(task, slowdowns, method, seed, max_s, root, scale, ema_decay=ema_decay, trace=trace, target=target)
+        elif method == "ideal":
             result = run_murmur(task, slowdowns, method, seed, max(6.0, 2 * spec.get("eval_every", 1.0)), root, links=links,
                                 ema_decay=ema_decay, trace=trace and static_trace([trace.peers[i].slowdown_at(0.0) or 1.0 for i in trace.initial()]))
         elif method in MURMUR_ARGS:
@@ -148,7 +161,8 @@ def run_bench(config: dict, out: Path) -> dict:
 
 
 def task_runs(task: str, config: dict) -> list[tuple[str, float | None, int | None]]:
-    """The (method, learning-rate scale, DiLoCo H) runs `config` has on `task`, the ideal first (None: the task's choice).
+    """The (method, learning-rate scale, DiLoCo H) runs `config` has on `task`, the references first (None: the
+    task's choice): its "references" (default all of `REFERENCES`), solo unless `config` names its own solo runs.
 
     A config with "lr_factors" (the sweep) runs each of its runs at each factor times its scale; one with
     "local_steps" runs each DiLoCo method at each of those H, else at its "tuned_local_steps" if given.
@@ -158,8 +172,9 @@ def task_runs(task: str, config: dict) -> list[tuple[str, float | None, int | No
         chosen = TASKS[task]["lr_scale"]
         runs = [(m, (chosen.get(m, 1.0) if s is None else s) * f) for f in factors for m, s in runs]
     grid, tuned = config.get("local_steps"), config.get("tuned_local_steps", {})  # tuned None: the task's H
-    return [("ideal", None, None), *((m, s, h) for m, s in runs
-                                     for h in ((grid or [tuned.get(m)]) if m.startswith("diloco") else [None]))]
+    named = {m for m, _ in runs}
+    return [*((m, None, None) for m in config.get("references", REFERENCES) if m not in named),
+            *((m, s, h) for m, s in runs for h in ((grid or [tuned.get(m)]) if m.startswith("diloco") else [None]))]
 
 
 def scenarios(task: str, mix: str, seed: int, config: dict) -> list[tuple[str | None, Trace | None]]:
@@ -200,7 +215,9 @@ def _bench_task(task: str, config: dict, runs: list, out: Path, progress: Progre
                     group.append(r)
                     progress.advance()
                 for g in score(group, config.get("reference", "sync-equal")):
-                    print(f"  {g['label']:18s} ttt={g.get('time_to_target') if g['method'] != 'ideal' else '-'} samples/s={g['samples_per_s']:.0f} ({(g['pct_of_ideal'] or 0):.0%} of ideal) "
+                    vs_solo = f"{g['vs_solo']:.2f}x" if g.get("vs_solo") else "-"
+                    print(f"  {g['label']:18s} ttt={g.get('time_to_target') if g['method'] != 'ideal' else '-'} vs solo={vs_solo} "
+                          f"(ideal {g['ideal_vs_solo']:.2f}x) samples/s={g['samples_per_s']:.0f} ({(g['pct_of_ideal'] or 0):.0%} of ideal throughput) "
                           f"max idle={max(p['idle_fraction'] for p in g['peers']):.1%} {TASKS[task]['metric']} at equal samples={g['metric_at_equal_samples']}", flush=True)
                 results += group
                 (out / "results.json").write_text(json.dumps({"config": config, "results": results}, indent=1))

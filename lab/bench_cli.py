@@ -40,8 +40,8 @@ def _link_mbit(text: str) -> list[float]:
 def parse_method(text: str) -> tuple[str, float | None]:
     """`method` or `method@scale` -> (method, scale or None); raises ValueError naming what is wrong."""
     method, _, scale = text.partition("@")
-    if method not in METHODS and method not in MURMUR_ARGS:
-        raise ValueError(f"unknown method {method!r}: choose from {[*METHODS, *MURMUR_ARGS]}")
+    if method not in METHODS and method not in MURMUR_ARGS and method != "solo":  # solo runs anyway; named, at its scale
+        raise ValueError(f"unknown method {method!r}: choose from {['solo', *METHODS, *MURMUR_ARGS]}")
     if not scale:
         return method, None
     if not float(scale) > 0:

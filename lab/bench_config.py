@@ -14,12 +14,12 @@ MIXES = {
 TASKS = {
     # digits' spec fixes SGD at lr 0.05 (momentum 0.9); `lr_scale` holds the multipliers `murmur bench --sweep-lr`
     # chose, each between worse neighbours (docs/bench/sweep-lr, docs/bench/digits-lr-with-average); diloco trains
-    # at sync-equal's. Runs are short, and an evaluation is cheap, so every method evaluates every 0.25 s. Accuracy
+    # at sync-equal's, solo at murmur's until a sweep chooses its own. Runs are short, and an evaluation is cheap, so every method evaluates every 0.25 s. Accuracy
     # on the small held-out set is noisy from one evaluation to the next: read where it first crossed the target,
     # sync-equal would read high, so every method trains past `equal_samples` and is read at that count.
     "digits": {"step_time": 20.0, "target": 0.95, "metric": "accuracy", "higher": True, "max_s": 120.0,
                "lr_scale": {"sync-equal": 8.0, "diloco": 8.0, "sync-proportional": 16.0,
-                            **dict.fromkeys(["murmur-uniform", "murmur-work", "murmur"], 8.0)},
+                            **dict.fromkeys(["murmur-uniform", "murmur-work", "murmur", "solo"], 8.0)},
                "local_steps": 8, "eval_every": 0.25, "equal_samples": 10_240},
     # `step_time` keeps the headline mix's training within the machine's 2 cores, so that every emulated device
     # keeps its speed (docs/history/2026-12-06-lab-calibration.md). `lr_scale`: the choices of `murmur bench --sweep-lr`
@@ -33,6 +33,11 @@ TASKS = {
     "charlm-large": {"step_time": 1250.0, "target": 3.0, "metric": "loss", "higher": False, "max_s": 120.0,
                      "lr_scale": {}, "local_steps": 4, "eval_every": 6.0},
 }
+# What every task, seed, mix and scenario runs before its methods, to compare them with:
+#   ideal     every peer alone for a few seconds: Σ standalone speeds (throughput)
+#   solo      every peer alone to the target, same pacing: the fastest peer's own time is what no swarm must lose to
+#   headroom  sync all-reduce on as many peers as fast as the fastest: how much sooner the task lets N peers learn
+REFERENCES = ["ideal", "solo", "headroom"]
 METHODS = ["sync-equal", "sync-proportional", "sync-adaptive", "diloco", "diloco-proportional", "murmur-uniform", "murmur-work", "murmur"]
 # What each Murmur method tells `murmur run` beyond the workload; `murmur` keeps every default.
 MURMUR_ARGS = {
@@ -70,7 +75,7 @@ def at_chosen_lr(methods: list[str]) -> list[tuple[str, None]]:
     return [(m, None) for m in methods]
 
 
-SWEEP_METHODS = ["sync-equal", "sync-proportional", "murmur"]
+SWEEP_METHODS = ["solo", "sync-equal", "sync-proportional", "murmur"]
 # A ×2 grid around the rate each method trains at (`lr_scale`): the choice is confirmed when it beats both
 # neighbours, and a best rate at an edge says which way to sweep on. A config's "lr_factors" multiply its runs' scales.
 SWEEP_FACTORS = [0.25, 0.5, 1.0, 2.0, 4.0]

@@ -37,10 +37,10 @@ def run_murmur(
     links: list[Netns] | None = None, ema_decay: float = 0.0, min_samples: int = 0, trace: Trace | None = None,
     target: float | None = None, peer_flags: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Run one swarm of Murmur `method` (or, with `method="ideal"`, lone peers); return its results.
+    """Run one swarm of Murmur `method` (or, with `method` "ideal" or "solo", lone peers); return its results.
 
     The run ends at `max_s`, or once the median peer reached `target` (default: the task's) with
-    `min_samples` trained.
+    `min_samples` trained; a solo run once the median of the peers' own times to target is known.
 
     Peers join first; once every peer is ready (status phase "waiting", knowing all the
     others) the start file tells them all one start time, t=0 of the run. With `links`
@@ -61,6 +61,7 @@ def run_murmur(
     start_file = root / "start-at"
     hosts = [ns.address for ns in links] if links else ["127.0.0.1"] * count
     peers: dict[int, Peer] = {}
+    alone = method in ("ideal", "solo")
 
     def start(i: int) -> Peer:
         extra = [
@@ -69,14 +70,14 @@ def run_murmur(
             "--lr-scale", str(lr_scale), "--eval-every", str(spec.get("eval_every", 1.0)), "--ema-decay", str(ema_decay),
             "--trace", str(root / TRACE_FILE), "--trace-peer", str(i), *(peer_flags or []),
         ]
-        if method == "ideal":
-            extra += ["--average-every", "1e9"]  # alone: no bootstrap, no exchanges
+        if alone:
+            extra += ["--average-every", "1e9"]  # no bootstrap, no exchanges
         else:
             extra += MURMUR_ARGS[method]
         present = [j for j, p in peers.items() if p.alive()] or list(peers)  # a joiner's bootstrap must still be there
         bootstrap = f"/ip4/{hosts[present[0]]}/tcp/{ports[present[0]]}/p2p/{peer_id(dirs[present[0]])}" if present else None
         peers[i] = start_peer(
-            i, root, trace.peers[i].slowdown_at(0.0) or 1.0, extra, bootstrap if method != "ideal" else None, fork=True,
+            i, root, trace.peers[i].slowdown_at(0.0) or 1.0, extra, None if alone else bootstrap, fork=True,
             data_dir=dirs[i], listen=f"/ip4/{hosts[i]}/tcp/{ports[i]}", netns=links[i] if links else None,
         )  # fmt: skip
         return peers[i]
@@ -87,7 +88,7 @@ def run_murmur(
     try:
         joined = time.monotonic()
         # Peers in namespaces pull the model over their capped links.
-        _wait_until_ready(list(peers.values()), others=0 if method == "ideal" else len(peers) - 1, timeout=180.0 if links else 60.0)
+        _wait_until_ready(list(peers.values()), others=0 if alone else len(peers) - 1, timeout=180.0 if links else 60.0)
         start_at = time.time() + START_MARGIN_S
         (root / "start-at.tmp").write_text(repr(start_at))
         (root / "start-at.tmp").replace(start_file)
@@ -101,6 +102,11 @@ def run_murmur(
             if time.monotonic() < next_check:
                 continue
             next_check = time.monotonic() + 0.5
+            if method == "solo":
+                if solo_median(own_times(list(peers.values()), spec, start_at, trace, target)) is not None:
+                    time.sleep(1.0)
+                    break
+                continue
             grid = median_curve(list(peers.values()), spec["metric"], start_at, _grid_s(spec), trace)
             if method != "ideal" and grid and _metric(spec).reached(grid[-1]["value"], target) \
                     and grid[-1]["samples"] >= min_samples:
@@ -112,6 +118,11 @@ def run_murmur(
         codes = stop_swarm(list(peers.values()), timeout=20)
     result = _murmur_result(task, trace, method, [peers[i] for i in sorted(peers)], start_at, codes, target)
     result["startup_s"] = startup_s
+    if method == "solo":
+        # Each peer's own time: the fastest one's is the best any member could do alone.
+        result["solo_times"] = own = own_times([peers[i] for i in sorted(peers)], spec, start_at, trace, target)
+        result["time_to_target"] = min((t for t in own if t is not None), default=None)
+        result["median_solo_time"] = solo_median(own)
     result["trace_actions"] = [{"t": round(t, 2), "peer": a.peer, "action": a.kind} for a, t in driver.done]
     return result
 
@@ -128,6 +139,23 @@ def _wait_until_ready(peers: list[Peer], others: int, timeout: float = 60.0) -> 
             return
         time.sleep(0.05)
     raise RuntimeError(f"peers not ready within {timeout:g}s: {[s.phase if (s := p.status()) else None for p in peers]}")
+
+
+def own_times(peers: list[Peer], spec: dict, t0: float, trace: Trace | None, target: float) -> list[float | None]:
+    """Each peer's own time to `target` on the run's grid (None until it reached it), in `peers`' order."""
+    times = []
+    for p in peers:
+        curve = median_curve([p], spec["metric"], t0, _grid_s(spec), trace)
+        times.append(next((c["t"] for c in curve if _metric(spec).reached(c["value"], target)), None))
+    return times
+
+
+def solo_median(times: list[float | None]) -> float | None:
+    """The median of the peers' own times to target, a peer that has not reached it counting as slower than all;
+    None while that median is not known."""
+    ordered = sorted(math.inf if t is None else t for t in times)
+    median = statistics.median(ordered) if ordered else math.inf
+    return None if math.isinf(median) else median
 
 
 def _grid_s(spec: dict) -> float:
@@ -148,7 +176,10 @@ def median_curve(peers: list[Peer], metric: str, t0: float, grid_s: float = 1.0,
     initial = set(trace.initial()) if trace else set(records)
     if not stay or any(not records[i] for i in stay if i in initial):
         return []
-    end = min(records[i][-1]["t"] for i in stay if records[i]) - t0
+    ends = [records[i][-1]["t"] for i in stay if records[i]]
+    if not ends:  # only joiners stay, and none has evaluated yet
+        return []
+    end = min(ends) - t0
     out = []
     for k in range(int(end / grid_s + 1e-9) + 1):
         t = round(k * grid_s, 6)

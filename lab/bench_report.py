@@ -1,5 +1,6 @@
-"""Scoring and reporting for `murmur bench`: % of ideal, metric at equal samples, the summary table,
-the learning-rate choice of a sweep, plots; `rescore` redoes them from a stored results.json."""
+"""Scoring and reporting for `murmur bench`: vs solo, % of ideal throughput, metric at equal samples, the
+data-parallel headroom, the summary table, the learning-rate choice of a sweep, plots; `rescore` redoes them
+from a stored results.json."""
 
 from __future__ import annotations
 
@@ -41,19 +42,28 @@ def equal_samples(task: str, group: list[dict], reference: str = "sync-equal") -
 
 
 def score(group: list[dict], reference: str = "sync-equal") -> list[dict]:
-    """Add % of ideal and the metric at equal samples to one task, seed, mix and scenario's runs (ideal first).
+    """Add vs solo, % of ideal and the metric at equal samples to one task, seed, mix and scenario's runs (ideal first).
 
+    `vs_solo` is the fastest solo peer's own time to target over the run's, `vs_median_solo` the median solo
+    peer's over it (None without a solo run, or where either did not reach the target), `ideal_vs_solo` the
+    run's Σ speeds over its fastest peer's: the most `vs_solo` a perfect swarm of those peers could reach.
     The ideal runs every peer alone at its initial speed; under a changing trace a run's ideal is that
     measured rate times the trace's ideal work over the run (`Trace.ideal_work`) per its initial rate.
     """
     metric = TASKS[group[0]["task"]]["metric"]
     ideal = next(g["samples_per_s"] for g in group if g["method"] == "ideal")
+    solo = next((g for g in group if g["method"] == "solo"), {})
     budget = equal_samples(group[0]["task"], group, reference)  # a method that stopped before it has no reading
     for g in group:
         g.setdefault("label", g["method"])
         rate = ideal * _trace_factor(g) if ideal else None
         g["pct_of_ideal"] = g["samples_per_s"] / rate if rate else None
         g["metric_at_equal_samples"] = metric_at_samples(g, metric, budget) if budget and g["method"] != "ideal" else None
+        ttt = g.get("time_to_target") if g["method"] != "ideal" else None
+        g["vs_solo"] = solo["time_to_target"] / ttt if ttt and solo.get("time_to_target") else None
+        g["vs_median_solo"] = solo["median_solo_time"] / ttt if ttt and solo.get("median_solo_time") else None
+        speeds = [1 / s for s in g.get("slowdowns") or MIXES.get(g["mix"], []) if s]
+        g["ideal_vs_solo"] = sum(speeds) / max(speeds) if speeds else None
     return group
 
 
@@ -149,8 +159,9 @@ def summarize(results: list[dict]) -> str:
     """The markdown table: one row per task, mix, scenario (runs under traces only) and method, medians over seeds
     with their range. Under traces it adds the ratio to the best baseline of each seed, bytes sent and restarts."""
     arena = any(r.get("scenario") for r in results)
-    head = ["task", "mix", *(["scenario"] if arena else []), "method", "time to target s", "vs sync-equal",
-            *(["vs best baseline", "samples to target k"] if arena else []), "samples/s", "% of ideal", "max peer idle", "metric at equal samples",
+    head = ["task", "mix", *(["scenario"] if arena else []), "method", "time to target s", "vs solo", "vs median solo",
+            "ideal vs solo", "vs sync-equal", *(["vs best baseline", "samples to target k"] if arena else []), "samples/s",
+            "% of ideal throughput", "max peer idle", "metric at equal samples",
             *(["MB sent", "restarts (downtime s)"] if arena else []), "lr"]  # fmt: skip
     lines = _links_line(results) + _evaluated_line(results) + ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     keys = sorted({(r["task"], r["mix"], r.get("scenario")) for r in results},
@@ -165,6 +176,8 @@ def summarize(results: list[dict]) -> str:
             scale = rs[0].get("lr_scale")
             cells = [task, mix, *([scenario] if arena else []), label,
                      _med([r.get("time_to_target") for r in rs]) if label != "ideal" else "—",
+                     _med([r.get("vs_solo") for r in rs]), _med([r.get("vs_median_solo") for r in rs]),
+                     _med([r.get("ideal_vs_solo") for r in rs]),
                      _med(_ratios(rs, same, lambda b: b["method"] == "sync-equal"))]  # fmt: skip
             if arena:
                 cells += [_med(_ratios(rs, same, lambda b: b["method"].startswith(BASELINES))),
@@ -176,7 +189,26 @@ def summarize(results: list[dict]) -> str:
                 cells += [_med([sum(p.get("bytes_sent") or 0 for p in r["peers"]) / 1e6 for r in rs], 1), _restarts(rs)]
             cells.append(f"{run_lr(rs[0]):.3g} (×{scale:g})" if scale and label != "ideal" else "—")
             lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + _headroom_lines(results)
+
+
+def _headroom_lines(results: list[dict]) -> str:
+    """The data-parallel headroom of each task and mix: how much sooner sync all-reduce on as many peers as fast as
+    the fastest reached the target than that peer alone (the headroom run's `vs_solo`), against the peer count."""
+    lines = []
+    for task, mix in sorted({(r["task"], r["mix"]) for r in results if r["method"] == "headroom"}):
+        runs = [r for r in results if (r["task"], r["mix"], r["method"]) == (task, mix, "headroom")]
+        lines.append(f"- {task} {mix}: {_med([r.get('vs_solo') for r in runs])}× sooner on {len(runs[0]['peers'])} peers "
+                     f"(seeds {', '.join(_times(r) for r in runs)})")
+    if not lines:
+        return ""
+    return ("\nData-parallel headroom (sync all-reduce on N peers as fast as the fastest, against that peer alone; "
+            "at most N×):\n" + "\n".join(lines) + "\n")
+
+
+def _times(run: dict) -> str:
+    """A headroom run's seed and its ratio, or what it lacked."""
+    return f"{run['seed']}: {run['vs_solo']:.2f}×" if run.get("vs_solo") else f"{run['seed']}: not reached"
 
 
 def _ratios(runs: list[dict], same: list[dict], is_base) -> list[float]:
@@ -212,7 +244,7 @@ def choose_lr(results: list[dict]) -> dict[str, dict[str, float]]:
     for task in sorted({r["task"] for r in results}):
         higher = TASKS[task]["higher"]
         swept = {r["method"] for r in results if r["task"] == task and r["method"] != "ideal"}
-        for method in [m for m in [*METHODS, *MURMUR_ARGS] if m in swept]:
+        for method in [m for m in ["solo", *METHODS, *MURMUR_ARGS] if m in swept]:
             scores = []
             for scale in sorted({r["lr_scale"] for r in results if (r["task"], r["method"]) == (task, method)}):
                 rs = [r for r in results if (r["task"], r["method"], r["lr_scale"]) == (task, method, scale)]

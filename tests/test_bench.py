@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from lab.bench import run_bench
-from lab.bench_config import METHODS, at_chosen_lr
+from lab.bench_config import METHODS, REFERENCES, at_chosen_lr
 from murmur.node.learn.weight_average import DEFAULT_DECAY
 
 
@@ -15,7 +15,7 @@ def test_smallest_bench_runs_every_method_and_writes_its_outputs(tmp_path: Path)
     config = {"tasks": ["digits"], "mixes": {"digits": ["pair"]}, "seeds": [0], "max_s": {"digits": 4.0}, "runs": at_chosen_lr(METHODS)}
     run_bench(config, tmp_path)
     results = json.loads((tmp_path / "results.json").read_text())["results"]
-    assert [r["method"] for r in results] == ["ideal", *METHODS]
+    assert [r["method"] for r in results] == [*REFERENCES, *METHODS]
     for r in results:
         assert r["samples_per_s"] > 0 and r["curve"], r["method"]
         assert len(r["peers"]) == 2
@@ -28,6 +28,10 @@ def test_smallest_bench_runs_every_method_and_writes_its_outputs(tmp_path: Path)
     table = (tmp_path / "summary.md").read_text()
     assert table.startswith(f"Every method evaluated a moving average of its weights, decay {DEFAULT_DECAY:g} (")
     assert "| digits | pair | murmur-work |" in table
+    assert "| vs solo | vs median solo | ideal vs solo |" in table and "% of ideal throughput" in table
+    assert "| digits | pair | solo |" in table and "Data-parallel headroom" in table
+    solo = next(r for r in results if r["method"] == "solo")
+    assert len(solo["solo_times"]) == 2 and all(r["ideal_vs_solo"] == pytest.approx(1.5) for r in results if r["method"] != "headroom")
     assert (tmp_path / "digits-metric-vs-time.png").stat().st_size > 0
     assert (tmp_path / "digits-throughput-vs-ideal.png").stat().st_size > 0
 
@@ -81,6 +85,39 @@ def test_a_task_with_a_fixed_budget_reads_every_method_there_not_where_sync_equa
     assert at["sync-equal"] == pytest.approx(0.96 - 0.02 * 240 / 1000)
     assert at["murmur"] == pytest.approx(0.1 + 0.88 / 2)
     assert at["diloco"] is None and at["ideal"] is None
+
+
+def test_vs_solo_divides_the_fastest_solo_peers_own_time_by_each_methods() -> None:
+    from lab.bench_report import score, summarize
+
+    solo = {**_run("charlm", "solo", 300.0, [(0, 5.0), (300, 2.4)]), "time_to_target": 30.0, "median_solo_time": 60.0,
+            "solo_times": [30.0, 45.0, 75.0, None], "slowdowns": [1.0, 1.0, 2.0, 4.0]}
+    group = score([
+        _run("charlm", "ideal", 400.0, [(0, 5.0), (400, 4.0)]),
+        solo,
+        {**_run("charlm", "headroom", 300.0, [(0, 5.0), (300, 2.4)]), "time_to_target": 10.0, "slowdowns": [1.0] * 4,
+         "peers": [{"idle_fraction": 0.0}] * 4},
+        {**_run("charlm", "murmur", 300.0, [(0, 5.0), (300, 2.4)]), "time_to_target": 20.0},
+        {**_run("charlm", "sync-equal", 300.0, [(0, 5.0), (300, 2.4)]), "time_to_target": None},
+    ])
+    by = {g["method"]: g for g in group}
+    assert (by["murmur"]["vs_solo"], by["murmur"]["vs_median_solo"]) == (pytest.approx(1.5), pytest.approx(3.0))
+    assert by["murmur"]["ideal_vs_solo"] == pytest.approx(2.75)  # the headline mix: 1 + 1 + 0.5 + 0.25
+    assert by["solo"]["vs_solo"] == pytest.approx(1.0) and by["headroom"]["vs_solo"] == pytest.approx(3.0)
+    assert by["headroom"]["ideal_vs_solo"] == pytest.approx(4.0)
+    assert by["sync-equal"]["vs_solo"] is None and by["ideal"]["vs_solo"] is None  # not reached; not a time
+    summary = summarize(group)
+    assert "| charlm | headline | murmur | 20.00 | 1.50 | 3.00 | 2.75 |" in summary
+    assert "- charlm headline: 3.00× sooner on 4 peers (seeds 0: 3.00×)" in summary
+
+
+def test_the_median_solo_time_waits_for_the_median_peer() -> None:
+    from lab.bench_murmur import solo_median
+
+    assert solo_median([10.0, None, 30.0]) == 30.0
+    assert solo_median([10.0, None, None]) is None  # the median peer has not reached the target yet
+    assert solo_median([10.0, 20.0, 40.0, None]) == 30.0
+    assert solo_median([10.0, 20.0, None, None]) is None
 
 
 def test_swarm_peers_are_started_with_one_torch_thread_each(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -149,7 +186,7 @@ def test_every_configuration_names_its_runs_one_way() -> None:
 
     for config in (DEFAULT, QUICK, SWEEP, SLOW_LINK, SLOW_LINK_UNEVEN):
         assert "methods" not in config
-        assert config["runs"] and all((m in METHODS or m in MURMUR_ARGS) and (s is None or s > 0) for m, s in config["runs"])
+        assert config["runs"] and all((m in METHODS or m in MURMUR_ARGS or m == "solo") and (s is None or s > 0) for m, s in config["runs"])
 
 
 def test_the_sweep_brackets_the_rate_each_method_trains_at_now() -> None:
@@ -157,12 +194,13 @@ def test_the_sweep_brackets_the_rate_each_method_trains_at_now() -> None:
     from lab.bench_config import SWEEP, TASKS
 
     runs = task_runs("digits", SWEEP)
-    assert runs[0] == ("ideal", None, None)
+    assert runs[:2] == [("ideal", None, None), ("headroom", None, None)]  # the sweep tunes solo among its methods
     for method, _ in SWEEP["runs"]:
         chosen = TASKS["digits"]["lr_scale"].get(method, 1.0)
         assert sorted(s for m, s, _ in runs if m == method) == [chosen / 4, chosen / 2, chosen, chosen * 2, chosen * 4]
     named = {**SWEEP, "runs": [("murmur", 0.5)]}
-    assert task_runs("digits", named) == [("ideal", None, None), *((("murmur", 0.5 * f, None)) for f in SWEEP["lr_factors"])]
+    assert task_runs("digits", named) == [("ideal", None, None), ("solo", None, None), ("headroom", None, None),
+                                          *((("murmur", 0.5 * f, None)) for f in SWEEP["lr_factors"])]
 
 
 def test_an_h_sweep_runs_each_diloco_method_at_each_h_and_without_one_at_its_tuned_h() -> None:
@@ -170,10 +208,11 @@ def test_an_h_sweep_runs_each_diloco_method_at_each_h_and_without_one_at_its_tun
     from lab.bench_config import LONG_HORIZON
 
     config = {"runs": [("sync-equal", None), ("diloco", None), ("diloco-proportional", 0.5)], "local_steps": [8, 32]}
-    assert task_runs("charlm", config) == [("ideal", None, None), ("sync-equal", None, None), ("diloco", None, 8),
+    refs = [("ideal", None, None), ("solo", None, None), ("headroom", None, None)]
+    assert task_runs("charlm", config) == [*refs, ("sync-equal", None, None), ("diloco", None, 8),
                                            ("diloco", None, 32), ("diloco-proportional", 0.5, 8), ("diloco-proportional", 0.5, 32)]
     config = {**config, "local_steps": None, "tuned_local_steps": {"diloco-proportional": 128}}
-    assert task_runs("charlm", config) == [("ideal", None, None), ("sync-equal", None, None), ("diloco", None, None),
+    assert task_runs("charlm", config) == [*refs, ("sync-equal", None, None), ("diloco", None, None),
                                            ("diloco-proportional", 0.5, 128)]
     assert {h for m, _, h in task_runs("charlm-large", LONG_HORIZON) if m.startswith("diloco")} == {*LONG_HORIZON["tuned_local_steps"].values()}
 
@@ -184,7 +223,8 @@ def test_a_sweep_of_named_points_runs_exactly_those(monkeypatch: pytest.MonkeyPa
     seen = []
     monkeypatch.setattr(bench, "run_bench", lambda config, out: seen.append(config))
     assert bench_cli.main(["--sweep-lr", "--tasks", "digits", "--methods", "murmur@2,sync-equal", "--out", str(tmp_path)]) == 0
-    assert bench.task_runs("digits", seen[0]) == [("ideal", None, None), ("murmur", 2.0, None), ("sync-equal", None, None)]
+    assert bench.task_runs("digits", seen[0]) == [("ideal", None, None), ("solo", None, None), ("headroom", None, None),
+                                                  ("murmur", 2.0, None), ("sync-equal", None, None)]
     assert seen[0]["sweep"]
 
 
@@ -223,7 +263,7 @@ def test_without_a_fixed_budget_every_run_after_sync_equal_trains_as_far_as_it_n
     config = {"tasks": ["charlm"], "seeds": [0], "mixes": {"charlm": ["pair"]}, "max_s": {"charlm": 5.0},
               "runs": [("sync-equal", None), ("murmur", None)]}
     bench.run_bench(config, tmp_path)
-    assert asked == [("ideal", 0), ("sync-equal", 0), ("murmur", 4096)]
+    assert asked == [("ideal", 0), ("solo", 0), ("headroom", 0), ("sync-equal", 0), ("murmur", 4096)]
 
 
 def test_the_median_counts_peers_while_the_trace_has_them_and_their_samples_for_good() -> None:
@@ -282,7 +322,8 @@ def test_the_arena_options_pick_their_configuration_and_refuse_bad_input(
 def test_under_churn_murmur_and_the_elastic_baseline_run_end_to_end(tmp_path: Path) -> None:
     config = {"tasks": ["digits"], "mixes": {"digits": ["headline"]}, "seeds": [0], "max_s": {"digits": 8.0},
               "horizon_s": {"digits": 6.0}, "target": {"digits": 0.999}, "reference": "sync-adaptive",
-              "scenarios": ["churn"], "runs": at_chosen_lr(["sync-adaptive", "murmur"])}  # fmt: skip
+              "scenarios": ["churn"], "runs": at_chosen_lr(["sync-adaptive", "murmur"]),
+              "references": ["ideal"]}  # fmt: skip
     run_bench(config, tmp_path)
     results = {r["method"]: r for r in json.loads((tmp_path / "results.json").read_text())["results"]}
     restarts = results["sync-adaptive"]["restarts"]  # the group re-formed at the leave, the join and the crash

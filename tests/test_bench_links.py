@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lab import bench, bench_cli, bench_murmur, swarm
-from lab.bench_config import SLOW_LINK, SLOW_LINK_UNEVEN, at_chosen_lr
+from lab.bench_config import REFERENCES, SLOW_LINK, SLOW_LINK_UNEVEN, at_chosen_lr
 from lab.bench_report import summarize
 from lab.links import LinkSpecError, caps_for, links_unavailable_reason, parse_link_mbit
 
@@ -114,14 +114,15 @@ def test_smallest_slow_link_bench_runs_every_method_over_capped_links_and_leaves
     run = json.loads((tmp_path / "results.json").read_text())
     assert run["config"]["link_mbit"] == [20.0]
     results = run["results"]
-    assert [r["method"] for r in results] == ["ideal", *LINK_TEST_METHODS]
+    assert [r["method"] for r in results] == [*REFERENCES, *LINK_TEST_METHODS]
     for r in results:
-        assert r["link_mbit"] == [20.0, 20.0], r["method"]
+        # Lone peers exchange nothing, and the headroom is the task's: those run on loopback.
+        assert r["link_mbit"] == (None if r["method"] in ("solo", "headroom") else [20.0, 20.0]), r["method"]
         assert r["samples_per_s"] > 0 and r["curve"] and len(r["peers"]) == 2, r["method"]
     assert all(r["exit_codes"] == [0, 0] for r in results if r["method"].startswith("murmur"))
     # Peers found each other on their namespace addresses (not loopback) and merged across the capped links.
     assert all(sum(p["exchanges"].get("merged", 0) for p in r["peers"]) > 0 for r in results if r["method"].startswith("murmur"))
-    assert all(p["bytes_sent"] > 0 for r in results if r["method"] != "ideal" for p in r["peers"])
+    assert all(p["bytes_sent"] > 0 for r in results if r["method"] not in ("ideal", "solo") for p in r["peers"])
     assert "/ip4/10." in (tmp_path / "runs" / "digits-pair-s0-murmur" / "peer-1" / "log.txt").read_text()
     assert (tmp_path / "summary.md").read_text().startswith("Links capped at 20, 20 Mbit/s")
 
