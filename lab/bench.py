@@ -48,6 +48,10 @@ bootstrap to peer 0's, the ranks' gloo binds to the capped veth. Each run builds
 them (with every process in them) when it ends, fails or is interrupted. Peers and ranks fork from the
 preloaded server, as on loopback, and enter their namespace themselves; start-up stays excluded.
 
+CPU quotas (`lab.cpu_quota`, as root): every peer and rank of a run gets its own cgroup with an equal share of the
+machine's cores (2 cores, 4 peers: half a core each), so that a peer pays for its own exchanges, as on a machine of
+its own. Without root (or with `--no-cpu-quotas`) they share the cores, and the summary says so.
+
 The command line is `bench_cli`.
 """
 
@@ -56,10 +60,12 @@ from __future__ import annotations
 import json
 import multiprocessing
 import multiprocessing.forkserver
+import os
 import time
 from contextlib import nullcontext
 from pathlib import Path
 
+from lab import cpu_quota
 from lab.bench_config import MIXES, MURMUR_ARGS, REFERENCES, TASKS
 from lab.bench_murmur import run_murmur
 from lab.bench_report import base_lr, equal_samples, report, score
@@ -78,7 +84,7 @@ LINK_PG_TIMEOUT_S = 900.0  # over capped links one all-reduce of the whole model
 def run_method(
     task: str, slowdowns: list[float], method: str, seed: int, max_s: float, root: Path, lr_scale: float | None = None,
     link_mbit: list[float] | None = None, ema_decay: float = 0.0, min_samples: int = 0, trace: Trace | None = None,
-    target: float | None = None, local_steps: int | None = None, same_init: bool = False,
+    target: float | None = None, local_steps: int | None = None, same_init: bool = False, cpu_cores: float | None = None,
 ) -> dict:
     """Run one method (or a reference: ideal, solo, headroom) on the task's workload at `lr_scale` (default: the
     task's chosen scale; headroom's is sync-equal's).
@@ -90,14 +96,15 @@ def run_method(
     every peer and rank starts from the task's seeded model instead of receiving it over the links.
 
     With `link_mbit` (one cap per peer) the run gets its own capped namespaces (`lab.links.peer_links`),
-    removed when it ends; the result records the caps under "link_mbit" (None on loopback).
+    removed when it ends; the result records the caps under "link_mbit" (None on loopback). With `cpu_cores`
+    every peer and rank runs on a CPU quota of that many cores of its own (`lab.cpu_quota`), recorded as "cpu_quota".
     """
     spec = TASKS[task]
     scale = spec["lr_scale"].get("sync-equal" if method == "headroom" else method, 1.0) if lr_scale is None else lr_scale
     target = spec["target"] if target is None else target
     # Peers that never exchange, and the headroom (a property of the task), run on loopback.
     link_mbit = None if method in ("solo", "headroom") else link_mbit
-    with peer_links(link_mbit) if link_mbit else nullcontext() as links:
+    with cpu_quota.quotas(cpu_cores), peer_links(link_mbit) if link_mbit else nullcontext() as links:
         if method == "headroom":
             result = run_sync(task, [min(slowdowns)] * len(slowdowns), "equal", max_s, spec["step_time"], target,
                               spec.get("eval_every", 1.0), seed=seed, lr_scale=scale, ema_decay=ema_decay, work_dir=root)
@@ -123,6 +130,7 @@ def run_method(
     result["ema_decay"] = ema_decay
     result["lr"] = base_lr(task) * scale  # as trained: a later change to the task's rate leaves the record right
     result["link_mbit"] = link_mbit
+    result["cpu_quota"] = cpu_cores
     if trace is not None:
         result["trace"] = trace.to_json()
     return result
@@ -134,6 +142,7 @@ def run_bench(config: dict, out: Path) -> dict:
     A config with "link_mbit" runs over capped links; raises `LinksUnavailable` (before running anything)
     when this machine cannot build them, `LinkSpecError` when the caps do not fit a mix.
     """
+    quota_off = "turned off (--no-cpu-quotas)" if config.get("cpu_quotas") is False else cpu_quota.unavailable_reason()
     if config.get("link_mbit"):
         for task in config["tasks"]:  # a wrong spec is an error with or without namespaces
             for mix in (m for m in config["mixes"][task] if m in MIXES):  # a trace file's peers are checked as it runs
@@ -156,7 +165,7 @@ def run_bench(config: dict, out: Path) -> dict:
                 for t in config["tasks"])  # fmt: skip
     with Progress(total=total, label="murmur bench") as progress:
         for task in config["tasks"]:
-            _bench_task(task, config, task_runs(task, config), out, progress, results)
+            _bench_task(task, config, task_runs(task, config), out, progress, results, quota_off)
     return report({"config": config, "results": results, "wall_s": time.monotonic() - bench_began}, out)
 
 
@@ -190,15 +199,22 @@ def _label(method: str, scale: float | None, local_steps: int | None) -> str:
     return method + ("" if scale is None else f"@lr×{scale:g}") + ("" if local_steps is None else f" H={local_steps}")
 
 
-def _bench_task(task: str, config: dict, runs: list, out: Path, progress: Progress, results: list[dict]) -> None:
-    """Run every seed, mix and scenario of `task`, method by method (interleaved), appending to `results` and saving them."""
+def _bench_task(
+    task: str, config: dict, runs: list, out: Path, progress: Progress, results: list[dict], quota_off: str | None,
+) -> None:
+    """Run every seed, mix and scenario of `task`, method by method (interleaved), appending to `results` and saving them.
+
+    Every peer and rank gets an equal share of the machine's cores unless `quota_off` says why it cannot.
+    """
     target = config.get("target", {}).get(task, TASKS[task]["target"])
     for seed in config["seeds"]:
         for mix in config["mixes"][task]:
             for name, trace in scenarios(task, mix, seed, config):
                 slowdowns = [p.slowdown_at(0.0) or 1.0 for p in trace.peers] if trace else MIXES[mix]
                 max_s = config["max_s"][task]
-                caps = caps_for(config["link_mbit"], len(trace.peers) if trace else len(slowdowns)) if config.get("link_mbit") else None
+                count = len(trace.peers) if trace else len(slowdowns)
+                caps = caps_for(config["link_mbit"], count) if config.get("link_mbit") else None
+                cores = None if quota_off else (os.cpu_count() or 1) / count
                 group: list[dict] = []
                 # The ideal is calibrated for every seed, next to the runs it is compared with.
                 for method, scale, h in runs:
@@ -209,9 +225,10 @@ def _bench_task(task: str, config: dict, runs: list, out: Path, progress: Progre
                     r = run_method(task, slowdowns[: len(trace.initial())] if trace else slowdowns, method, seed, max_s,
                                    out / "runs" / f"{task}-{mix}{f'-{name}' if name else ''}-s{seed}-{label.replace(' ', '-')}", scale, caps,
                                    config.get("ema_decay", DEFAULT_DECAY), trace=trace, target=target, local_steps=h,
-                                   same_init=config.get("same_init", False),
+                                   same_init=config.get("same_init", False), cpu_cores=cores,
                                    min_samples=equal_samples(task, group, config.get("reference", "sync-equal")) or 0)
-                    r.update(mix=mix, scenario=name, seed=seed, label=label, run_wall_s=time.monotonic() - began)  # start-up and teardown included
+                    r.update(mix=mix, scenario=name, seed=seed, label=label, run_wall_s=time.monotonic() - began,  # start-up and teardown included
+                             cpu_quota_off=quota_off)
                     group.append(r)
                     progress.advance()
                 for g in score(group, config.get("reference", "sync-equal")):

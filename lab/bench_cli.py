@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
                              "its step time, 10 min a run, 3 seeds; needs root; see docs/bench.md)")
     parser.add_argument("--local-steps", default=None, metavar="H[,H...]",
                         help="run each DiLoCo method at each of these H (inner steps between syncs): the H sweep")
+    parser.add_argument("--no-cpu-quotas", action="store_true",
+                        help="let the emulated peers and ranks share the machine's cores instead of giving each an equal "
+                             "CPU quota (cgroups, as root)")
     parser.add_argument("--rescore", type=Path, default=None, metavar="RESULTS_JSON",
                         help="run nothing: score an earlier run's results.json again and write the table and plots to --out")
     args = parser.parse_args(argv)
@@ -152,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
             config["seeds"] = [int(i) for i in args.seed.split(",")]
         except ValueError:
             parser.error(f"--seed takes whole numbers, e.g. 1,2, got {args.seed!r}")
+    if args.no_cpu_quotas:
+        config["cpu_quotas"] = False
     if args.ema_decay is not None:
         if not 0 <= args.ema_decay < 1:
             parser.error(f"--ema-decay must be in [0, 1), got {args.ema_decay}")

@@ -143,6 +143,19 @@ def _links_line(results: list[dict]) -> list[str]:
     return [f"Links capped at {named} Mbit/s (per peer, in peer order; tc tbf, one network namespace per peer and rank).", ""]
 
 
+def _quota_line(results: list[dict]) -> list[str]:
+    """The line saying whether every peer and rank had a CPU quota of its own (none for runs recorded before quotas)."""
+    if not any("cpu_quota" in r for r in results):
+        return []
+    cores = sorted({r["cpu_quota"] for r in results if r.get("cpu_quota")})
+    if cores:
+        said = ", ".join(f"{c:.3g}" for c in cores)
+        return [f"Every peer and rank ran on a CPU quota of its own: {said} cores (cgroups, `lab.cpu_quota`).", ""]
+    reasons = sorted({r.get("cpu_quota_off") or "off" for r in results})
+    return [f"No CPU quotas ({'; '.join(reasons)}): the peers and ranks shared the machine's cores, so one's exchanges "
+            "could slow another.", ""]
+
+
 def _evaluated_line(results: list[dict]) -> list[str]:
     """The line saying which weights the methods evaluated (none for runs recorded before the choice existed)."""
     decays = sorted({r["ema_decay"] for r in results if "ema_decay" in r})
@@ -163,7 +176,8 @@ def summarize(results: list[dict]) -> str:
             "ideal vs solo", "vs sync-equal", *(["vs best baseline", "samples to target k"] if arena else []), "samples/s",
             "% of ideal throughput", "max peer idle", "metric at equal samples",
             *(["MB sent", "restarts (downtime s)"] if arena else []), "lr"]  # fmt: skip
-    lines = _links_line(results) + _evaluated_line(results) + ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    lines = _links_line(results) + _quota_line(results) + _evaluated_line(results) + [
+        "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     keys = sorted({(r["task"], r["mix"], r.get("scenario")) for r in results},
                   key=lambda k: (k[0], list(MIXES).index(k[1]) if k[1] in MIXES else len(MIXES),
                                  list(SCENARIOS).index(k[2]) if k[2] in SCENARIOS else len(SCENARIOS), k[2] or ""))  # fmt: skip

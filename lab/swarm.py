@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lab import cpu_quota
 from murmur.node.ops.node import METRICS_FILE
 from murmur.node.ops.node_status import NodeStatus
 from murmur.node.ops.status import StatusUnavailable, load_status
@@ -86,6 +87,7 @@ class ForkedProcess:
         )
         self._process.start()
         self.pid: int = self._process.pid  # type: ignore[assignment]  # set by start()
+        cpu_quota.adopt(self.pid)
 
     @property
     def returncode(self) -> int | None:
@@ -242,6 +244,7 @@ def start_peer(
                 (command or murmur_command()) + argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 env=peer_environment(),
             )  # fmt: skip
+        cpu_quota.adopt(process.pid)
     return Peer(index, slowdown, data_dir, process, identity)
 
 

@@ -61,6 +61,7 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from lab import cpu_quota
 from lab.diloco import WIRES
 from lab.links import LINK_DEVICE
 from lab.netns import Netns
@@ -234,6 +235,7 @@ def _run_forked(cfg: Config, store: dist.TCPStore, deadline: float) -> dict[int,
     try:
         for p in procs:
             p.start()
+            cpu_quota.adopt(p.pid)  # type: ignore[arg-type]  # set by start()
         outputs = _collect(procs, results, deadline)
         for p in procs:
             p.join(timeout=30)

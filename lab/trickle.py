@@ -225,10 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     bound_s = args.exchange_timeout + LINK_OVERHEAD * largest * 8 / (args.min_link_mbit * 1e6)  # as Averager.timeout_s
     extra = ["--task", args.task, "--exchange-timeout", str(args.exchange_timeout), "--min-link-mbit",
              str(args.min_link_mbit), "--eval-every", "600"]  # fmt: skip
-    victim = start_peer(0, args.out, 1.0, extra, None)
+    victim = start_peer(0, args.out, 1.0, extra, None, fork=True)  # forked: ready in a second
     peers = [victim]
     try:
-        peers.append(honest := start_peer(1, args.out, 1.0, extra, wait_for_address(victim)))
+        peers.append(honest := start_peer(1, args.out, 1.0, extra, wait_for_address(victim), fork=True))
         wait_for_address(honest)
         started = time.time()
         result = trio.run(_attack, args, victim, honest, (offer, params))

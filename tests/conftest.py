@@ -50,3 +50,10 @@ def _registries_restored() -> Iterator[None]:
     for registry, before in zip(registries, saved, strict=True):
         registry.clear()
         registry.update(before)  # type: ignore[attr-defined]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with slow tests run first, each file's tests in their order: the workers (one file each, `--dist loadfile`)
+    then finish together on short tests, instead of one waiting out a long swarm test that came last."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)

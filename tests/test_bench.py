@@ -1,10 +1,12 @@
 """The benchmark harness end to end on its smallest configuration (no timing asserts)."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
+from lab import cpu_quota
 from lab.bench import run_bench
 from lab.bench_config import METHODS, REFERENCES, at_chosen_lr
 from murmur.node.learn.weight_average import DEFAULT_DECAY
@@ -26,7 +28,12 @@ def test_smallest_bench_runs_every_method_and_writes_its_outputs(tmp_path: Path)
     assert all(r["consensus"] for r in murmur)
     assert {r["ema_decay"] for r in results} == {DEFAULT_DECAY}  # every method evaluates alike, as `murmur run` does
     table = (tmp_path / "summary.md").read_text()
-    assert table.startswith(f"Every method evaluated a moving average of its weights, decay {DEFAULT_DECAY:g} (")
+    reason = cpu_quota.unavailable_reason()
+    assert table.startswith("Every peer and rank ran on a CPU quota of its own: 1 cores" if reason is None else f"No CPU quotas ({reason})")
+    assert {r["cpu_quota"] for r in results} == ({1.0} if reason is None else {None})  # 2 cores, 2 peers
+    if (found := cpu_quota.hierarchy()) is not None:
+        assert not [g for g in found.root.iterdir() if g.name.startswith(f"murmur-lab-{os.getpid()}-")]  # all removed
+    assert f"Every method evaluated a moving average of its weights, decay {DEFAULT_DECAY:g} (" in table
     assert "| digits | pair | murmur-work |" in table
     assert "| vs solo | vs median solo | ideal vs solo |" in table and "% of ideal throughput" in table
     assert "| digits | pair | solo |" in table and "Data-parallel headroom" in table
@@ -253,7 +260,7 @@ def test_without_a_fixed_budget_every_run_after_sync_equal_trains_as_far_as_it_n
 
     asked = []
 
-    def fake(task, slowdowns, method, seed, max_s, root, scale, caps, decay, min_samples, trace, target, local_steps, same_init):  # noqa: ANN001
+    def fake(task, slowdowns, method, seed, max_s, root, scale, caps, decay, min_samples, trace, target, local_steps, same_init, cpu_cores):  # noqa: ANN001
         asked.append((method, min_samples))
         curve = [{"t": 0.0, "samples": 0, "loss": 5.0}, {"t": 9.0, "samples": 4096, "loss": 2.4}]
         return {"task": task, "method": method, "samples_per_s": 500.0, "time_to_target": 9.0 if method == "sync-equal" else 3.0,
