@@ -14,7 +14,7 @@ from murmur.node.learn.weight_average import DEFAULT_DECAY
 
 @pytest.mark.slow
 def test_smallest_bench_runs_every_method_and_writes_its_outputs(tmp_path: Path) -> None:
-    config = {"tasks": ["digits"], "mixes": {"digits": ["pair"]}, "seeds": [0], "max_s": {"digits": 4.0}, "runs": at_chosen_lr(METHODS)}
+    config = {"tasks": ["digits"], "mixes": {"digits": ["pair"]}, "seeds": [0], "max_s": {"digits": 3.0}, "runs": at_chosen_lr(METHODS)}
     run_bench(config, tmp_path)
     results = json.loads((tmp_path / "results.json").read_text())["results"]
     assert [r["method"] for r in results] == [*REFERENCES, *METHODS]
