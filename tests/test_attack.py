@@ -59,8 +59,8 @@ ATTACKS = ["scale", "noise", "nan", "work"]
 
 @pytest.fixture(scope="module")
 def swarms(tmp_path_factory: pytest.TempPathFactory) -> dict[str | None, tuple[list[Peer], Peer | None]]:
-    """The calm swarm (None) and one swarm per attack, two at a time: paced digits peers mostly sleep."""
-    with ThreadPoolExecutor(2) as pool:
+    """The calm swarm (None) and one swarm per attack, three at a time: paced digits peers mostly sleep."""
+    with ThreadPoolExecutor(3) as pool:
         runs = pool.map(lambda attack: run(tmp_path_factory.mktemp(attack or "calm"), attack), [None, *ATTACKS])
         return dict(zip([None, *ATTACKS], runs))
 

@@ -50,6 +50,9 @@ def test_the_plain_loop_on_two_machines() -> None:
     assert swarm_b > own_b  # the other peer's work reached this model (and its schedule)
 
 
+STEPS_B = 200  # the second peer's steps: enough for both to merge
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("script", "package", "step_samples"),
@@ -62,11 +65,11 @@ def test_a_trainer_example_with_two_peers(tmp_path: Path, script: str, package: 
     listen_a = f"/ip4/127.0.0.1/tcp/{free_port()}"
     # The first trains until the second is done, then gets a SIGTERM: the two always overlap, however slow the start.
     first = launch(script, tmp_path / "a", "--listen", listen_a, "--steps", "100000")
-    second = launch(script, tmp_path / "b", "--bootstrap", f"{listen_a}/p2p/{peer_a}", "--steps", "400", "--seed", "1")
+    second = launch(script, tmp_path / "b", "--bootstrap", f"{listen_a}/p2p/{peer_a}", "--steps", str(STEPS_B), "--seed", "1")
     try:
         own_b, swarm_b, merged_b = finish(second, 120)
     finally:
         first.send_signal(signal.SIGTERM)
         own_a, swarm_a, merged_a = finish(first, 60)
-    assert own_b == 400 * step_samples and own_a > 0 and own_a % step_samples == 0
+    assert own_b == STEPS_B * step_samples and own_a > 0 and own_a % step_samples == 0
     assert merged_a > 0 and merged_b > 0
