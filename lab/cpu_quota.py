@@ -94,6 +94,8 @@ def unavailable_reason() -> str | None:
         return "no cgroup cpu controller here (neither v1's nor v2's)"
     if not os.access(found.root, os.W_OK):
         return f"{found.root} is not writable"
+    if isinstance(found, V2) and "cpu" not in (found.root / "cgroup.subtree_control").read_text().split():
+        return f"the cpu controller is not enabled below {found.root} (cgroup.subtree_control)"
     return None
 
 
