@@ -139,6 +139,9 @@ async def test_a_peer_that_stops_hands_its_unmerged_work_to_a_partner_first(tmp_
             async with anyio.create_task_group() as leaving:
                 leaving.start_soon(leaves.run)
                 leaving.start_soon(stop_when, [leaves], lambda: leaves.replica.samples > 0 and bool(leaves.table.members))
+            # The partner finishes its own side of the exchange (its merge, its record) after `leaves` has gone.
+            while stays.averager.outcomes[Result.MERGED] == 0:
+                await anyio.sleep(0.01)
             merged = stays.averager.outcomes[Result.MERGED]  # before `stays` stops
             stays.request_stop()
     assert leaves.averager.outcomes[Result.MERGED] == 1 == merged
