@@ -110,7 +110,8 @@ def run_method(
                               spec.get("eval_every", 1.0), seed=seed, lr_scale=scale, ema_decay=ema_decay, work_dir=root)
             result["method"] = "headroom"
         elif method == "solo":
-            result = run_murmur(task, slowdowns, method, seed, max_s, root, scale, ema_decay=ema_decay, trace=trace, target=target)
+            result = run_murmur(task, slowdowns, method, seed, max_s, root, scale, ema_decay=ema_decay, trace=trace,
+                                target=target)
         elif method == "ideal":
             result = run_murmur(task, slowdowns, method, seed, max(6.0, 2 * spec.get("eval_every", 1.0)), root, links=links,
                                 ema_decay=ema_decay, trace=trace and static_trace([trace.peers[i].slowdown_at(0.0) or 1.0 for i in trace.initial()]))

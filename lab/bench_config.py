@@ -14,8 +14,9 @@ MIXES = {
 TASKS = {
     # digits' spec fixes SGD at lr 0.05 (momentum 0.9); `lr_scale` holds the multipliers `murmur bench --sweep-lr`
     # chose, each between worse neighbours (docs/bench/sweep-lr, docs/bench/digits-lr-with-average); diloco trains
-    # at sync-equal's, solo at murmur's until a sweep chooses its own. Runs are short, and an evaluation is cheap, so every method evaluates every 0.25 s. Accuracy
-    # on the small held-out set is noisy from one evaluation to the next: read where it first crossed the target,
+    # at sync-equal's, solo at murmur's until a sweep chooses its own. Runs are short, and an evaluation is cheap,
+    # so every method evaluates every 0.25 s. Accuracy on the small held-out set is noisy from one evaluation to
+    # the next: read where it first crossed the target,
     # sync-equal would read high, so every method trains past `equal_samples` and is read at that count.
     "digits": {"step_time": 20.0, "target": 0.95, "metric": "accuracy", "higher": True, "max_s": 120.0,
                "lr_scale": {"sync-equal": 8.0, "diloco": 8.0, "sync-proportional": 16.0,
